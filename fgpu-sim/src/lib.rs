@@ -1,0 +1,1 @@
+//! Simulated GPU driver (work in progress).
