@@ -1,1 +1,15 @@
-//! common
+//! Types shared by the fgpu agent, its CLI and the shim.
+//!
+//! Nothing here does I/O or starts threads: the shim links this crate into other people's
+//! processes, and the agent and CLI use it to agree on formats.
+//!
+//! - [`quantity`]: the SIZE (`8GiB`, `512MiB`, `8GB`, bytes) and PCT (`30%`) forms of the CLI
+//!   and the environment.
+//! - [`event`]: the records the eBPF programs write, mirrored from `fgpu-ebpf/src/bpf/fgpu.h`.
+//! - [`cgroup`]: cgroup v2 paths from `/proc/PID/cgroup`, and Kubernetes identity in them.
+//! - [`proto`]: framing of the agent's unix-socket protocol.
+
+pub mod cgroup;
+pub mod event;
+pub mod proto;
+pub mod quantity;

@@ -1,0 +1,76 @@
+//! Draining the kernel's event ring buffer.
+//!
+//! Totals never depend on these events (they live in maps); the events feed the log and the
+//! counters, and later the limit enforcement that must react to each allocation.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use anyhow::{Context, Result};
+use aya::Ebpf;
+use aya::maps::{MapData, RingBuf};
+use fgpu_common::event::{ApiId, Event, EventKind};
+use tokio::io::unix::AsyncFd;
+
+use super::report::State;
+
+/// Events seen by the agent, by kind.
+#[derive(Debug, Default)]
+pub struct EventCounts {
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+    pub exits: AtomicU64,
+}
+
+pub fn ring(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
+    let map = ebpf
+        .take_map(fgpu_ebpf::maps::EVENTS)
+        .context("eBPF object lacks the events ring buffer")?;
+    Ok(RingBuf::try_from(map)?)
+}
+
+pub async fn drain(ring: RingBuf<MapData>, state: Arc<State>) -> Result<()> {
+    // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as long
+    // as the RingBuf lives, and the AsyncFd owns the RingBuf.
+    let mut fd = unsafe { AsyncFd::register(ring) }
+        .map_err(|e| anyhow::anyhow!("polling the events ring buffer: {e}"))?;
+    loop {
+        let mut guard = fd.readable_mut().await?;
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            if let Some(event) = Event::from_bytes(&item) {
+                record(&state, &event);
+            }
+        }
+        guard.clear_ready();
+    }
+}
+
+fn record(state: &State, e: &Event) {
+    let api = ApiId::from_raw(e.api).map_or("-", ApiId::name);
+    let counter = match EventKind::from_raw(e.kind) {
+        Some(EventKind::Alloc) => &state.events.allocs,
+        Some(EventKind::Free) => &state.events.frees,
+        Some(EventKind::Exit) => {
+            tracing::info!(
+                pid = e.tgid,
+                cgroup_id = e.cgroup_id,
+                released = e.size,
+                "process exited holding GPU memory; released"
+            );
+            &state.events.exits
+        }
+        None => return,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(
+        kind = e.kind,
+        api,
+        pid = e.tgid,
+        cgroup_id = e.cgroup_id,
+        device = e.device,
+        addr = format_args!("{:#x}", e.addr),
+        size = e.size,
+        "gpu memory event"
+    );
+}

@@ -1,0 +1,150 @@
+//! `fgpu agent`: the node daemon.
+//!
+//! Start-up: check the host ([`preflight`]), load the eBPF object and attach it to the
+//! driver libraries ([`discovery`], [`probes`]), then serve the control socket
+//! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
+
+mod cgroups;
+mod discovery;
+mod events;
+mod kernel;
+mod preflight;
+mod probes;
+mod report;
+mod server;
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use self::discovery::{Dedup, LIBCUDA};
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Control socket to serve (root-only).
+    #[arg(long, value_name = "PATH", default_value = crate::DEFAULT_SOCKET)]
+    socket: PathBuf,
+
+    /// A driver library to probe besides the ones found on the host (repeatable), e.g. a
+    /// container's forward-compatibility copy of libcuda.so.1.
+    #[arg(long = "libcuda", value_name = "PATH")]
+    libcuda: Vec<PathBuf>,
+
+    /// Use the simulated driver (fgpu-sim) instead of the host's: probes DIR/libcuda.so.1,
+    /// where DIR is $FGPU_SIM_DIR or `target/sim` beside this binary. For trying fgpu and
+    /// for tests on machines without a GPU.
+    #[arg(long)]
+    sim: bool,
+
+    /// Log filter (tracing's EnvFilter syntax), e.g. `info`, `debug`, `fgpu=debug`.
+    #[arg(long, value_name = "FILTER", default_value = "info", env = "FGPU_LOG")]
+    log: String,
+}
+
+pub fn run(args: AgentArgs) -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log)?)
+        .with_writer(std::io::stderr)
+        .init();
+    let host = preflight::check()?;
+    let mut probes = probes::Probes::load()?;
+
+    let mut dedup = Dedup::default();
+    let mut candidates = args.libcuda.clone();
+    for path in &args.libcuda {
+        if !path.is_file() {
+            bail!("--libcuda {}: no such file", path.display());
+        }
+    }
+    if args.sim {
+        candidates.push(sim_dir()?.join(LIBCUDA));
+    } else {
+        candidates.extend(discovery::system_candidates());
+    }
+    for path in candidates {
+        if let Some(lib) = dedup.admit(&path) {
+            probes.attach_library(lib)?;
+        }
+    }
+    if probes.attached.is_empty() {
+        bail!(
+            "no NVIDIA driver library ({LIBCUDA}) found (looked in the ldconfig cache, \
+             /usr/local/nvidia/lib64 and the distribution's library directories): is the \
+             driver installed? Point at one with --libcuda PATH, or on a machine without a \
+             GPU try the simulated driver: `cargo xtask run --sim`"
+        );
+    }
+
+    let kernel = kernel::KernelMaps::take(&mut probes.ebpf)?;
+    let ring = events::ring(&mut probes.ebpf)?;
+    let state = Arc::new(report::State {
+        kernel: Mutex::new(kernel),
+        names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
+        libraries: probes
+            .attached
+            .iter()
+            .map(|(lib, _)| lib.path.display().to_string())
+            .collect(),
+        events: events::EventCounts::default(),
+    });
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let result = runtime.block_on(async {
+        let listener = server::bind(&args.socket)?;
+        tracing::info!(
+            socket = %args.socket.display(),
+            cgroup2 = %host.cgroup2_mount.display(),
+            libraries = ?state.libraries,
+            "fgpu agent ready"
+        );
+        let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state)));
+        let served = tokio::select! {
+            r = server::serve(listener, Arc::clone(&state)) => r,
+            r = shutdown_signal() => r,
+        };
+        events_task.abort();
+        served
+    });
+    let _ = std::fs::remove_file(&args.socket);
+    tracing::info!("fgpu agent stopped; probes detached");
+    drop(probes);
+    result
+}
+
+async fn shutdown_signal() -> Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {},
+        _ = int.recv() => {},
+    }
+    tracing::info!("shutting down");
+    Ok(())
+}
+
+/// Where the simulated driver's libraries are: `$FGPU_SIM_DIR`, else `../sim` relative to
+/// this binary (`target/release/fgpu` → `target/sim`).
+fn sim_dir() -> Result<PathBuf> {
+    let dir = match std::env::var_os("FGPU_SIM_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => std::env::current_exe()?
+            .parent()
+            .and_then(|p| p.parent())
+            .map(|p| p.join("sim"))
+            .context("cannot locate target/sim from this binary's path")?,
+    };
+    if !dir.join(LIBCUDA).is_file() {
+        bail!(
+            "--sim: the simulated driver is not built ({} is missing): run `cargo xtask build` \
+             or set FGPU_SIM_DIR to the folder holding libcuda.so.1 from fgpu-sim",
+            dir.join(LIBCUDA).display()
+        );
+    }
+    Ok(dir)
+}

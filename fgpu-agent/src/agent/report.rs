@@ -1,0 +1,163 @@
+//! The agent's shared state and the status report built from it.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use super::cgroups::CgroupNames;
+use super::events::EventCounts;
+use super::kernel::{KernelMaps, Snapshot};
+use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
+
+pub struct State {
+    pub kernel: Mutex<KernelMaps>,
+    pub names: Mutex<CgroupNames>,
+    pub libraries: Vec<String>,
+    pub events: EventCounts,
+}
+
+impl State {
+    pub fn report(&self) -> StatusReport {
+        let snap = self.kernel.lock().expect("kernel maps lock").snapshot();
+        let mut names = self.names.lock().expect("cgroup names lock");
+        let mut report = build(&snap, |id| names.path_of(id));
+        report.libraries = self.libraries.clone();
+        report
+    }
+}
+
+/// Groups the kernel's per-(cgroup, device) totals into one row per cgroup that holds
+/// memory or has a process holding memory. Rows are sorted by cgroup path.
+pub fn build(snap: &Snapshot, mut path_of: impl FnMut(u64) -> Option<String>) -> StatusReport {
+    let mut rows: BTreeMap<u64, CgroupStatus> = BTreeMap::new();
+    fn row(rows: &mut BTreeMap<u64, CgroupStatus>, id: u64) -> &mut CgroupStatus {
+        rows.entry(id).or_insert_with(|| CgroupStatus {
+            cgroup: String::new(),
+            cgroup_id: id,
+            pids: Vec::new(),
+            memory_used_bytes: 0,
+            memory_limit_bytes: None,
+            alloc_denied: 0,
+            devices: Vec::new(),
+        })
+    }
+    for (key, usage) in &snap.usage {
+        if usage.bytes == 0 {
+            continue;
+        }
+        let r = row(&mut rows, key.cgroup_id);
+        r.memory_used_bytes += usage.bytes;
+        r.devices.push(DeviceUsage {
+            device: key.device,
+            memory_used_bytes: usage.bytes,
+            allocs: usage.allocs,
+            frees: usage.frees,
+        });
+    }
+    for (tgid, proc) in &snap.procs {
+        if proc.bytes > 0 {
+            row(&mut rows, proc.cgroup_id).pids.push(*tgid);
+        }
+    }
+    let mut cgroups: Vec<CgroupStatus> = rows.into_values().collect();
+    for c in &mut cgroups {
+        c.cgroup =
+            path_of(c.cgroup_id).unwrap_or_else(|| format!("(unknown cgroup {})", c.cgroup_id));
+        c.pids.sort_unstable();
+        c.devices.sort_by_key(|d| d.device);
+    }
+    cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
+    StatusReport {
+        cgroups,
+        counters: snap.counters.clone(),
+        libraries: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fgpu_common::event::{CgroupKey, CgroupUsage, ProcUsage};
+
+    use super::*;
+
+    fn key(cgroup_id: u64, device: u32) -> CgroupKey {
+        CgroupKey {
+            cgroup_id,
+            device,
+            pad: 0,
+        }
+    }
+
+    #[test]
+    fn one_row_per_cgroup_summed_over_devices() {
+        let snap = Snapshot {
+            usage: vec![
+                (
+                    key(7, 0),
+                    CgroupUsage {
+                        bytes: 300,
+                        allocs: 3,
+                        frees: 0,
+                    },
+                ),
+                (
+                    key(7, 1),
+                    CgroupUsage {
+                        bytes: 200,
+                        allocs: 1,
+                        frees: 0,
+                    },
+                ),
+                (
+                    key(9, 0),
+                    CgroupUsage {
+                        bytes: 0,
+                        allocs: 5,
+                        frees: 5,
+                    },
+                ),
+                (
+                    key(8, 0),
+                    CgroupUsage {
+                        bytes: 50,
+                        allocs: 1,
+                        frees: 0,
+                    },
+                ),
+            ],
+            procs: vec![
+                (
+                    42,
+                    ProcUsage {
+                        cgroup_id: 7,
+                        bytes: 500,
+                    },
+                ),
+                (
+                    41,
+                    ProcUsage {
+                        cgroup_id: 7,
+                        bytes: 1,
+                    },
+                ),
+                (
+                    43,
+                    ProcUsage {
+                        cgroup_id: 9,
+                        bytes: 0,
+                    },
+                ),
+            ],
+            counters: Default::default(),
+        };
+        let report = build(&snap, |id| (id != 8).then(|| format!("/job-{id}")));
+        assert_eq!(report.cgroups.len(), 2, "cgroup 9 holds nothing: no row");
+        let seven = report.cgroups.iter().find(|c| c.cgroup_id == 7).unwrap();
+        assert_eq!(seven.cgroup, "/job-7");
+        assert_eq!(seven.memory_used_bytes, 500);
+        assert_eq!(seven.pids, vec![41, 42]);
+        assert_eq!(seven.devices.len(), 2);
+        assert_eq!(seven.memory_limit_bytes, None);
+        let eight = report.cgroups.iter().find(|c| c.cgroup_id == 8).unwrap();
+        assert_eq!(eight.cgroup, "(unknown cgroup 8)");
+    }
+}

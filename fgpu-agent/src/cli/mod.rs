@@ -1,0 +1,4 @@
+//! The command line's side: talking to the agent and printing what it says.
+
+pub mod client;
+pub mod status;

@@ -1,0 +1,132 @@
+//! `fgpu status`: GPU memory use per cgroup.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use clap::Args;
+use fgpu_common::proto::Kind;
+use fgpu_common::quantity::Size;
+
+use crate::status::StatusReport;
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print a JSON array, one object per cgroup (fields: cgroup, cgroup_id, pids,
+    /// memory_used_bytes, memory_limit_bytes, alloc_denied, devices).
+    #[arg(long)]
+    json: bool,
+
+    /// The agent's control socket [default: $FGPU_SOCKET or /run/fgpu/fgpu.sock].
+    #[arg(long, value_name = "PATH")]
+    socket: Option<PathBuf>,
+}
+
+pub fn run(args: &StatusArgs) -> Result<()> {
+    let socket = crate::socket_path(args.socket.clone());
+    let payload = super::client::request(
+        &socket,
+        Kind::StatusRequest,
+        Bytes::new(),
+        Kind::StatusReply,
+    )?;
+    let report: StatusReport =
+        serde_json::from_slice(&payload).context("the agent's status reply is not valid")?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report.cgroups)?);
+    } else {
+        print!("{}", table(&report));
+    }
+    Ok(())
+}
+
+/// The human-readable form: one row per cgroup, then what the kernel side counted.
+pub fn table(report: &StatusReport) -> String {
+    let mut out = String::new();
+    let width = report
+        .cgroups
+        .iter()
+        .map(|c| c.cgroup.len())
+        .chain([6])
+        .max()
+        .unwrap_or(6);
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}",
+        "CGROUP", "PIDS", "USED", "LIMIT", "DENIED"
+    );
+    for c in &report.cgroups {
+        let pids = if c.pids.is_empty() {
+            "-".to_string()
+        } else {
+            c.pids
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let limit = c
+            .memory_limit_bytes
+            .map_or_else(|| "-".to_string(), |l| Size(l).to_string());
+        let _ = writeln!(
+            out,
+            "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}",
+            c.cgroup,
+            pids,
+            Size(c.memory_used_bytes).to_string(),
+            limit,
+            c.alloc_denied
+        );
+    }
+    if report.cgroups.is_empty() {
+        let _ = writeln!(out, "(no cgroup holds GPU memory)");
+    }
+    let k = &report.counters;
+    let _ = writeln!(
+        out,
+        "\nprobed: {}\nkernel: {} events dropped, {} untracked (map full), {} frees of unknown pointers, {} failed calls",
+        if report.libraries.is_empty() {
+            "-".to_string()
+        } else {
+            report.libraries.join(", ")
+        },
+        k.ringbuf_drops,
+        k.map_full,
+        k.unknown_frees,
+        k.failed_calls
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::status::{CgroupStatus, KernelCounters};
+
+    #[test]
+    fn table_shows_sizes_people_read() {
+        let report = StatusReport {
+            cgroups: vec![CgroupStatus {
+                cgroup: "/fgpu/job-1".into(),
+                cgroup_id: 9,
+                pids: vec![10, 11],
+                memory_used_bytes: 805_306_368,
+                memory_limit_bytes: Some(1 << 30),
+                alloc_denied: 2,
+                devices: vec![],
+            }],
+            counters: KernelCounters {
+                ringbuf_drops: 3,
+                ..Default::default()
+            },
+            libraries: vec!["/usr/lib/libcuda.so.1".into()],
+        };
+        let t = table(&report);
+        assert!(t.contains("/fgpu/job-1"), "{t}");
+        assert!(t.contains("768MiB"), "{t}");
+        assert!(t.contains("1GiB"), "{t}");
+        assert!(t.contains("10,11"), "{t}");
+        assert!(t.contains("3 events dropped"), "{t}");
+    }
+}

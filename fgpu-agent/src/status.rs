@@ -1,0 +1,54 @@
+//! The status report: what `fgpu status --json` prints, one element per cgroup that uses a
+//! GPU. Field names are a contract (DESIGN.md section 2); add fields, never rename them.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CgroupStatus {
+    /// cgroup v2 path relative to the cgroup root, e.g. `/kubepods.slice/...`.
+    pub cgroup: String,
+    /// The cgroup's id (inode of its directory), as `bpf_get_current_cgroup_id()` reports it.
+    pub cgroup_id: u64,
+    /// Processes (host PIDs) holding GPU memory charged to this cgroup.
+    pub pids: Vec<u32>,
+    /// Bytes the kernel saw allocated and not yet freed, all devices.
+    pub memory_used_bytes: u64,
+    /// The cgroup's memory limit; `null` when it has none.
+    pub memory_limit_bytes: Option<u64>,
+    /// Allocations refused because they would have crossed the limit.
+    pub alloc_denied: u64,
+    /// The same usage per device.
+    pub devices: Vec<DeviceUsage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceUsage {
+    pub device: u32,
+    pub memory_used_bytes: u64,
+    /// Successful allocations charged since the agent started.
+    pub allocs: u64,
+    /// Frees and process-exit releases credited since the agent started.
+    pub frees: u64,
+}
+
+/// Node-wide counters of the kernel side; never silently non-zero.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelCounters {
+    /// Events that did not fit in the ring buffer (totals stay exact: they live in maps).
+    pub ringbuf_drops: u64,
+    /// Allocations that could not be tracked because a map was full.
+    pub map_full: u64,
+    /// Frees of pointers never seen allocated (allocated before the agent started).
+    pub unknown_frees: u64,
+    /// Probed calls that returned an error (nothing charged).
+    pub failed_calls: u64,
+}
+
+/// Everything the agent answers to a status request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub cgroups: Vec<CgroupStatus>,
+    pub counters: KernelCounters,
+    /// Driver libraries the probes are attached to.
+    pub libraries: Vec<String>,
+}

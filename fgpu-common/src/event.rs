@@ -1,0 +1,198 @@
+//! Records written by the eBPF programs, mirrored from `fgpu-ebpf/src/bpf/fgpu.h`.
+//!
+//! The layouts are checked at compile time against the C header's sizes and offsets; a
+//! change on one side that is not made on the other fails the build.
+
+use std::mem::{offset_of, size_of};
+
+/// `FGPU_EV_*`: what an [`Event`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum EventKind {
+    /// A successful allocation was charged.
+    Alloc = 1,
+    /// A successful free was credited.
+    Free = 2,
+    /// A process holding GPU memory exited; its bytes were released.
+    Exit = 3,
+}
+
+impl EventKind {
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            1 => Some(Self::Alloc),
+            2 => Some(Self::Free),
+            3 => Some(Self::Exit),
+            _ => None,
+        }
+    }
+}
+
+/// A probed driver entry point (`FGPU_API_*`), passed to the kernel as the attach cookie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum ApiId {
+    CuMemAlloc = 1,
+    CuMemAllocPitch = 2,
+    CuMemAllocManaged = 3,
+    CuMemAllocAsync = 4,
+    CuMemAllocFromPoolAsync = 5,
+    CuMemCreate = 6,
+    CuMemFree = 16,
+    CuMemFreeAsync = 17,
+    CuMemRelease = 18,
+}
+
+impl ApiId {
+    pub const ALL: [ApiId; 9] = [
+        Self::CuMemAlloc,
+        Self::CuMemAllocPitch,
+        Self::CuMemAllocManaged,
+        Self::CuMemAllocAsync,
+        Self::CuMemAllocFromPoolAsync,
+        Self::CuMemCreate,
+        Self::CuMemFree,
+        Self::CuMemFreeAsync,
+        Self::CuMemRelease,
+    ];
+
+    pub fn from_raw(raw: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| *a as u32 == raw)
+    }
+
+    /// The exported symbols of libcuda that this entry point is reached through.
+    pub fn cuda_symbols(self) -> &'static [&'static str] {
+        match self {
+            Self::CuMemAlloc => &["cuMemAlloc_v2"],
+            Self::CuMemAllocPitch => &["cuMemAllocPitch_v2"],
+            Self::CuMemAllocManaged => &["cuMemAllocManaged"],
+            Self::CuMemAllocAsync => &["cuMemAllocAsync", "cuMemAllocAsync_ptsz"],
+            Self::CuMemAllocFromPoolAsync => {
+                &["cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz"]
+            }
+            Self::CuMemCreate => &["cuMemCreate"],
+            Self::CuMemFree => &["cuMemFree_v2"],
+            Self::CuMemFreeAsync => &["cuMemFreeAsync", "cuMemFreeAsync_ptsz"],
+            Self::CuMemRelease => &["cuMemRelease"],
+        }
+    }
+
+    /// The name people know the entry point by.
+    pub fn name(self) -> &'static str {
+        self.cuda_symbols()[0]
+    }
+}
+
+/// `struct fgpu_event`: one record of the `events` ring buffer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Event {
+    pub ts_ns: u64,
+    pub cgroup_id: u64,
+    pub addr: u64,
+    pub size: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub kind: u32,
+    pub api: u32,
+    pub device: u32,
+    pub result: i32,
+    pub reserved: u64,
+}
+
+impl Event {
+    /// Reads a record from ring-buffer bytes; `None` if the slice is too short.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        if bytes.len() < size_of::<Self>() {
+            return None;
+        }
+        // SAFETY: the length was checked above, `Event` is plain old data of integers (any
+        // bit pattern is valid) and `read_unaligned` makes no alignment assumption.
+        Some(unsafe { bytes.as_ptr().cast::<Self>().read_unaligned() })
+    }
+}
+
+/// `struct fgpu_cg_key`: key of the `cg_usage` map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[repr(C)]
+pub struct CgroupKey {
+    pub cgroup_id: u64,
+    pub device: u32,
+    pub pad: u32,
+}
+
+/// `struct fgpu_cg_usage`: value of the `cg_usage` map.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct CgroupUsage {
+    pub bytes: u64,
+    pub allocs: u64,
+    pub frees: u64,
+}
+
+/// `struct fgpu_proc`: value of the `procs` map (key: tgid).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct ProcUsage {
+    pub cgroup_id: u64,
+    pub bytes: u64,
+}
+
+/// Indexes into the `counters` array map (`FGPU_CTR_*`).
+pub mod counter {
+    pub const RINGBUF_DROPS: u32 = 0;
+    pub const MAP_FULL: u32 = 1;
+    pub const FAILED_CALLS: u32 = 2;
+    pub const UNKNOWN_FREES: u32 = 3;
+    pub const MAX: u32 = 8;
+}
+
+// Layout of fgpu.h, checked at compile time.
+const _: () = {
+    assert!(size_of::<Event>() == 64);
+    assert!(offset_of!(Event, cgroup_id) == 8);
+    assert!(offset_of!(Event, addr) == 16);
+    assert!(offset_of!(Event, size) == 24);
+    assert!(offset_of!(Event, tgid) == 32);
+    assert!(offset_of!(Event, tid) == 36);
+    assert!(offset_of!(Event, kind) == 40);
+    assert!(offset_of!(Event, api) == 44);
+    assert!(offset_of!(Event, device) == 48);
+    assert!(offset_of!(Event, result) == 52);
+    assert!(offset_of!(Event, reserved) == 56);
+    assert!(size_of::<CgroupKey>() == 16);
+    assert!(offset_of!(CgroupKey, device) == 8);
+    assert!(size_of::<CgroupUsage>() == 24);
+    assert!(size_of::<ProcUsage>() == 16);
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_reads_from_ring_bytes() {
+        let mut raw = [0u8; 64];
+        raw[8..16].copy_from_slice(&1234u64.to_ne_bytes());
+        raw[24..32].copy_from_slice(&(256u64 << 20).to_ne_bytes());
+        raw[32..36].copy_from_slice(&77u32.to_ne_bytes());
+        raw[40..44].copy_from_slice(&1u32.to_ne_bytes());
+        raw[44..48].copy_from_slice(&6u32.to_ne_bytes());
+        let e = Event::from_bytes(&raw).unwrap();
+        assert_eq!(e.cgroup_id, 1234);
+        assert_eq!(e.size, 256 << 20);
+        assert_eq!(e.tgid, 77);
+        assert_eq!(EventKind::from_raw(e.kind), Some(EventKind::Alloc));
+        assert_eq!(ApiId::from_raw(e.api), Some(ApiId::CuMemCreate));
+        assert_eq!(Event::from_bytes(&raw[..63]), None);
+    }
+
+    #[test]
+    fn api_ids_match_header_numbers() {
+        assert_eq!(ApiId::CuMemAlloc as u32, 1);
+        assert_eq!(ApiId::CuMemFree as u32, 16);
+        assert_eq!(ApiId::from_raw(18), Some(ApiId::CuMemRelease));
+        assert_eq!(ApiId::from_raw(7), None);
+        assert_eq!(ApiId::CuMemFreeAsync.cuda_symbols().len(), 2);
+    }
+}

@@ -1,0 +1,184 @@
+//! Framing of the agent's unix-socket protocol.
+//!
+//! A frame is a 12-byte header followed by a payload:
+//!
+//! ```text
+//! magic "FGPU" | version u16 | kind u16 | payload length u32 | payload
+//! ```
+//!
+//! all little-endian. Decoding never panics on any input: short input asks for more bytes,
+//! bad input is an error naming what was wrong.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+pub const MAGIC: [u8; 4] = *b"FGPU";
+/// The protocol version this build speaks.
+pub const VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 12;
+/// Frames larger than this are refused (a status of thousands of cgroups fits easily).
+pub const MAX_PAYLOAD: usize = 16 << 20;
+
+/// What a frame asks or answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u16)]
+pub enum Kind {
+    /// CLI → agent: report usage per cgroup. Empty payload.
+    StatusRequest = 1,
+    /// Agent → CLI: the status, a JSON array (see `fgpu status --json`).
+    StatusReply = 0x8001,
+    /// Agent → any: the request failed; payload is a UTF-8 message for people.
+    Error = 0xffff,
+}
+
+impl Kind {
+    fn from_raw(raw: u16) -> Option<Self> {
+        match raw {
+            1 => Some(Self::StatusRequest),
+            0x8001 => Some(Self::StatusReply),
+            0xffff => Some(Self::Error),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: Kind,
+    pub payload: Bytes,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    #[error("not an fgpu frame (bad magic): is this the fgpu socket?")]
+    BadMagic,
+    #[error(
+        "protocol version {0} is not supported (this build speaks {VERSION}): upgrade the older side"
+    )]
+    Version(u16),
+    #[error("unknown frame kind {0:#x}")]
+    UnknownKind(u16),
+    #[error("frame of {0} bytes exceeds the {MAX_PAYLOAD}-byte limit")]
+    TooLarge(usize),
+}
+
+impl Frame {
+    pub fn new(kind: Kind, payload: impl Into<Bytes>) -> Self {
+        Self {
+            kind,
+            payload: payload.into(),
+        }
+    }
+
+    /// Appends the encoded frame to `out`.
+    pub fn encode(&self, out: &mut BytesMut) -> Result<(), ProtoError> {
+        if self.payload.len() > MAX_PAYLOAD {
+            return Err(ProtoError::TooLarge(self.payload.len()));
+        }
+        out.reserve(HEADER_LEN + self.payload.len());
+        out.put_slice(&MAGIC);
+        out.put_u16_le(VERSION);
+        out.put_u16_le(self.kind as u16);
+        out.put_u32_le(self.payload.len() as u32);
+        out.put_slice(&self.payload);
+        Ok(())
+    }
+
+    /// Takes one frame off the front of `buf`; `Ok(None)` when more bytes are needed.
+    pub fn decode(buf: &mut BytesMut) -> Result<Option<Self>, ProtoError> {
+        if buf.len() < HEADER_LEN {
+            // Reject garbage early, before waiting for a full header.
+            let n = buf.len().min(4);
+            if buf[..n] != MAGIC[..n] {
+                return Err(ProtoError::BadMagic);
+            }
+            return Ok(None);
+        }
+        if buf[..4] != MAGIC {
+            return Err(ProtoError::BadMagic);
+        }
+        let version = u16::from_le_bytes([buf[4], buf[5]]);
+        if version != VERSION {
+            return Err(ProtoError::Version(version));
+        }
+        let raw_kind = u16::from_le_bytes([buf[6], buf[7]]);
+        let len = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
+        if len > MAX_PAYLOAD {
+            return Err(ProtoError::TooLarge(len));
+        }
+        let kind = Kind::from_raw(raw_kind).ok_or(ProtoError::UnknownKind(raw_kind))?;
+        if buf.len() < HEADER_LEN + len {
+            return Ok(None);
+        }
+        buf.advance(HEADER_LEN);
+        let payload = buf.split_to(len).freeze();
+        Ok(Some(Self { kind, payload }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_in_pieces() {
+        let mut wire = BytesMut::new();
+        Frame::new(Kind::StatusReply, &b"[{\"cgroup\":\"/a\"}]"[..])
+            .encode(&mut wire)
+            .unwrap();
+        Frame::new(Kind::StatusRequest, Bytes::new())
+            .encode(&mut wire)
+            .unwrap();
+        let all = wire.freeze();
+        // Feed one byte at a time: every prefix is either "need more" or a whole frame.
+        let mut buf = BytesMut::new();
+        let mut frames = Vec::new();
+        for b in all.iter() {
+            buf.put_u8(*b);
+            while let Some(f) = Frame::decode(&mut buf).unwrap() {
+                frames.push(f);
+            }
+        }
+        assert_eq!(frames.len(), 2);
+        assert_eq!(frames[0].kind, Kind::StatusReply);
+        assert_eq!(&frames[0].payload[..], b"[{\"cgroup\":\"/a\"}]");
+        assert_eq!(frames[1].kind, Kind::StatusRequest);
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        let mut b = BytesMut::from(&b"GET / HTTP/1.1\r\n"[..]);
+        assert_eq!(Frame::decode(&mut b), Err(ProtoError::BadMagic));
+        let mut b = BytesMut::from(&b"FG"[..]);
+        assert_eq!(Frame::decode(&mut b), Ok(None));
+        let mut b = BytesMut::from(&b"FGPU\x09\x00\x01\x00\x00\x00\x00\x00"[..]);
+        assert_eq!(Frame::decode(&mut b), Err(ProtoError::Version(9)));
+        let mut b = BytesMut::from(&b"FGPU\x01\x00\x07\x00\x00\x00\x00\x00"[..]);
+        assert_eq!(Frame::decode(&mut b), Err(ProtoError::UnknownKind(7)));
+        let mut b = BytesMut::from(&b"FGPU\x01\x00\x01\x00\xff\xff\xff\xff"[..]);
+        assert!(matches!(
+            Frame::decode(&mut b),
+            Err(ProtoError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn pseudo_random_bytes_never_panic() {
+        // A small deterministic generator: decoding arbitrary input must only ever return.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..20_000 {
+            let mut buf = BytesMut::new();
+            let len = (x % 40) as usize;
+            for _ in 0..len {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                buf.put_u8(x as u8);
+            }
+            if x.is_multiple_of(3) && buf.len() >= 4 {
+                buf[..4].copy_from_slice(&MAGIC);
+            }
+            let _ = Frame::decode(&mut buf);
+        }
+    }
+}

@@ -1,0 +1,316 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+/*
+ * fgpu's kernel side: charge every successful GPU allocation to the cgroup that made it.
+ *
+ * One entry program and one return program serve every probed driver entry point; the
+ * attach cookie tells which entry point fired (FGPU_API_* in fgpu.h). The entry program
+ * stores the raw arguments keyed by thread; the return program reads the result and, on
+ * success only, charges or credits. Storing by thread makes a second attachment of the
+ * same code harmless (the entry overwrites, the first return consumes).
+ *
+ * State kept here (user space only reads it):
+ *   allocs   (tgid, pointer or VMM handle) -> (size, cgroup, device)
+ *   cg_usage (cgroup, device) -> bytes held, allocs, frees
+ *   procs    tgid -> cgroup, bytes held; a group leader's exit releases the process
+ *   counters drops and anomalies, never silent
+ *   events   ring buffer of struct fgpu_event for the agent
+ */
+#include <linux/bpf.h>
+#include <linux/ptrace.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "fgpu.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* CUmemAllocationProp: location.type at byte 8, location.id at byte 12. */
+#define CU_MEM_PROP_LOCATION_TYPE_OFF 8
+#define CU_MEM_PROP_LOCATION_ID_OFF 12
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+
+struct call_args {
+	__u64 api;
+	__u64 a0, a1, a2, a3;
+};
+
+struct alloc_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 addr;
+};
+
+struct alloc_val {
+	__u64 size;
+	__u64 cgroup_id;
+	__u32 device;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64); /* pid_tgid */
+	__type(value, struct call_args);
+} call_args SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct alloc_key);
+	__type(value, struct alloc_val);
+} allocs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct fgpu_cg_key);
+	__type(value, struct fgpu_cg_usage);
+} cg_usage SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct fgpu_proc);
+} procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, FGPU_CTR_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 22);
+} events SEC(".maps");
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *c = bpf_map_lookup_elem(&counters, &idx);
+
+	if (c)
+		__sync_fetch_and_add(c, 1);
+}
+
+static __always_inline void emit(__u32 kind, __u32 api, __u32 tgid, __u32 tid, __u64 cgroup_id,
+				 __u64 addr, __u64 size, __u32 device, __s32 result)
+{
+	struct fgpu_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+
+	if (!e) {
+		count(FGPU_CTR_RINGBUF_DROPS);
+		return;
+	}
+	e->ts_ns = bpf_ktime_get_ns();
+	e->cgroup_id = cgroup_id;
+	e->addr = addr;
+	e->size = size;
+	e->tgid = tgid;
+	e->tid = tid;
+	e->kind = kind;
+	e->api = api;
+	e->device = device;
+	e->result = result;
+	e->reserved = 0;
+	bpf_ringbuf_submit(e, 0);
+}
+
+/* Add `delta` (two's complement for a credit) to a (cgroup, device) total. */
+static __always_inline void cg_add(__u64 cgroup_id, __u32 device, __u64 delta, int charge)
+{
+	struct fgpu_cg_key key = { .cgroup_id = cgroup_id, .device = device };
+	struct fgpu_cg_usage *u = bpf_map_lookup_elem(&cg_usage, &key);
+
+	if (!u) {
+		struct fgpu_cg_usage zero = {};
+
+		bpf_map_update_elem(&cg_usage, &key, &zero, BPF_NOEXIST);
+		u = bpf_map_lookup_elem(&cg_usage, &key);
+		if (!u) {
+			count(FGPU_CTR_MAP_FULL);
+			return;
+		}
+	}
+	__sync_fetch_and_add(&u->bytes, delta);
+	if (charge)
+		__sync_fetch_and_add(&u->allocs, 1);
+	else
+		__sync_fetch_and_add(&u->frees, 1);
+}
+
+static __always_inline void proc_add(__u32 tgid, __u64 cgroup_id, __u64 delta)
+{
+	struct fgpu_proc *p = bpf_map_lookup_elem(&procs, &tgid);
+
+	if (!p) {
+		struct fgpu_proc fresh = { .cgroup_id = cgroup_id };
+
+		bpf_map_update_elem(&procs, &tgid, &fresh, BPF_NOEXIST);
+		p = bpf_map_lookup_elem(&procs, &tgid);
+		if (!p)
+			return;
+	}
+	__sync_fetch_and_add(&p->bytes, delta);
+}
+
+/*
+ * Forget (tgid, addr) and credit its owner; returns the bytes credited (0 if unknown).
+ * `is_free`: the caller is a free (an unknown pointer is then worth counting).
+ */
+static __always_inline __u64 credit(__u32 tgid, __u32 tid, __u64 addr, __u32 api, __s32 rc,
+				    int is_free)
+{
+	struct alloc_key key = { .tgid = tgid, .addr = addr };
+	struct alloc_val *v = bpf_map_lookup_elem(&allocs, &key);
+	struct alloc_val val;
+
+	if (!v) {
+		if (is_free && addr)
+			count(FGPU_CTR_UNKNOWN_FREES);
+		return 0;
+	}
+	val = *v;
+	if (bpf_map_delete_elem(&allocs, &key) != 0)
+		return 0; /* a concurrent free of the same pointer won the race */
+	cg_add(val.cgroup_id, val.device, -val.size, 0);
+	proc_add(tgid, val.cgroup_id, -val.size);
+	emit(FGPU_EV_FREE, api, tgid, tid, val.cgroup_id, addr, val.size, val.device, rc);
+	return val.size;
+}
+
+static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size, __u32 device,
+				   __u32 api, __s32 rc)
+{
+	__u64 cgroup_id = bpf_get_current_cgroup_id();
+	struct alloc_key key = { .tgid = tgid, .addr = addr };
+	struct alloc_val val = { .size = size, .cgroup_id = cgroup_id, .device = device };
+
+	/* A pointer handed out again while we still hold it means we missed its free. */
+	credit(tgid, tid, addr, api, rc, 0);
+	if (bpf_map_update_elem(&allocs, &key, &val, BPF_NOEXIST) != 0) {
+		count(FGPU_CTR_MAP_FULL);
+		return;
+	}
+	cg_add(cgroup_id, device, size, 1);
+	proc_add(tgid, cgroup_id, size);
+	emit(FGPU_EV_ALLOC, api, tgid, tid, cgroup_id, addr, size, device, rc);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(fgpu_enter, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct call_args args = {
+		.api = bpf_get_attach_cookie(ctx),
+		.a0 = a0,
+		.a1 = a1,
+		.a2 = a2,
+		.a3 = a3,
+	};
+
+	bpf_map_update_elem(&call_args, &id, &args, BPF_ANY);
+	return 0;
+}
+
+SEC("uretprobe")
+int BPF_KRETPROBE(fgpu_leave, long ret)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id;
+	__s32 rc = (__s32)ret;
+	struct call_args *stored = bpf_map_lookup_elem(&call_args, &id);
+	struct call_args a;
+	__u64 out = 0, size = 0, pitch = 0;
+	__u32 device = FGPU_DEVICE_CURRENT;
+
+	if (!stored)
+		return 0;
+	a = *stored;
+	bpf_map_delete_elem(&call_args, &id);
+	if (rc != 0) {
+		count(FGPU_CTR_FAILED_CALLS);
+		return 0;
+	}
+
+	switch (a.api) {
+	case FGPU_API_CU_MEM_FREE:
+	case FGPU_API_CU_MEM_FREE_ASYNC:
+	case FGPU_API_CU_MEM_RELEASE:
+		credit(tgid, tid, a.a0, a.api, rc, 1);
+		return 0;
+	case FGPU_API_CU_MEM_ALLOC:
+	case FGPU_API_CU_MEM_ALLOC_MANAGED:
+	case FGPU_API_CU_MEM_ALLOC_ASYNC:
+	case FGPU_API_CU_MEM_ALLOC_POOL:
+		size = a.a1;
+		break;
+	case FGPU_API_CU_MEM_ALLOC_PITCH:
+		/* pitch × height: the driver pads each row. */
+		if (bpf_probe_read_user(&pitch, sizeof(pitch), (void *)a.a1) != 0)
+			return 0;
+		size = pitch * a.a3;
+		break;
+	case FGPU_API_CU_MEM_CREATE: {
+		__u32 loc[2] = {};
+
+		if (bpf_probe_read_user(loc, sizeof(loc),
+					(void *)(a.a2 + CU_MEM_PROP_LOCATION_TYPE_OFF)) != 0)
+			return 0;
+		if (loc[0] != CU_MEM_LOCATION_TYPE_DEVICE)
+			return 0; /* host or host-NUMA memory is not GPU memory */
+		device = loc[1];
+		size = a.a1;
+		break;
+	}
+	default:
+		return 0;
+	}
+	/* Every allocation entry point returns its pointer or handle through a0. */
+	if (bpf_probe_read_user(&out, sizeof(out), (void *)a.a0) != 0)
+		return 0;
+	charge(tgid, tid, out, size, device, a.api, rc);
+	return 0;
+}
+
+struct release_ctx {
+	__u32 tgid;
+	__u64 released;
+};
+
+static long release_one(void *map, struct alloc_key *key, struct alloc_val *val,
+			struct release_ctx *rctx)
+{
+	if (key->tgid != rctx->tgid)
+		return 0;
+	cg_add(val->cgroup_id, val->device, -val->size, 0);
+	rctx->released += val->size;
+	bpf_map_delete_elem(map, key);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int fgpu_sched_exit(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32;
+	struct release_ctx rctx = { .tgid = tgid };
+	struct fgpu_proc *p;
+	__u64 cgroup_id;
+
+	/* A thread that died inside a probed call leaves its arguments behind. */
+	bpf_map_delete_elem(&call_args, &id);
+	if ((__u32)id != tgid)
+		return 0; /* not the thread-group leader */
+	p = bpf_map_lookup_elem(&procs, &tgid);
+	if (!p)
+		return 0; /* held no GPU memory: the common case, kept cheap */
+	cgroup_id = p->cgroup_id;
+	bpf_for_each_map_elem(&allocs, release_one, &rctx, 0);
+	bpf_map_delete_elem(&procs, &tgid);
+	emit(FGPU_EV_EXIT, 0, tgid, (__u32)id, cgroup_id, 0, rctx.released, FGPU_DEVICE_CURRENT, 0);
+	return 0;
+}

@@ -1,0 +1,77 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR Apache-2.0) */
+/*
+ * Records shared by the eBPF programs (fgpu.bpf.c) and user space.
+ *
+ * fgpu-common/src/event.rs mirrors every struct here with #[repr(C)] and compile-time
+ * size/offset assertions: change both together.
+ */
+#ifndef FGPU_H
+#define FGPU_H
+
+#include <linux/types.h>
+
+/* What an event record reports. */
+#define FGPU_EV_ALLOC 1 /* a successful allocation was charged */
+#define FGPU_EV_FREE 2  /* a successful free was credited */
+#define FGPU_EV_EXIT 3  /* a process holding GPU memory exited; its bytes were released */
+
+/*
+ * Driver entry points, passed as the uprobe's attach cookie. Numbers are part of the ABI
+ * with user space (fgpu-common ApiId); never reuse one.
+ */
+#define FGPU_API_CU_MEM_ALLOC 1          /* cuMemAlloc_v2(CUdeviceptr *, size_t) */
+#define FGPU_API_CU_MEM_ALLOC_PITCH 2    /* cuMemAllocPitch_v2(CUdeviceptr *, size_t *pitch, size_t w, size_t h, uint) */
+#define FGPU_API_CU_MEM_ALLOC_MANAGED 3  /* cuMemAllocManaged(CUdeviceptr *, size_t, uint) */
+#define FGPU_API_CU_MEM_ALLOC_ASYNC 4    /* cuMemAllocAsync(CUdeviceptr *, size_t, CUstream) (+_ptsz) */
+#define FGPU_API_CU_MEM_ALLOC_POOL 5     /* cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, pool, stream) (+_ptsz) */
+#define FGPU_API_CU_MEM_CREATE 6         /* cuMemCreate(handle *, size_t, const CUmemAllocationProp *, flags) */
+#define FGPU_API_CU_MEM_FREE 16          /* cuMemFree_v2(CUdeviceptr) */
+#define FGPU_API_CU_MEM_FREE_ASYNC 17    /* cuMemFreeAsync(CUdeviceptr, CUstream) (+_ptsz) */
+#define FGPU_API_CU_MEM_RELEASE 18       /* cuMemRelease(handle) */
+
+/* Device number used when the kernel cannot know the device (current context). */
+#define FGPU_DEVICE_CURRENT 0
+
+/* One record in the `events` ring buffer. 64 bytes. */
+struct fgpu_event {
+	__u64 ts_ns;     /* bpf_ktime_get_ns() */
+	__u64 cgroup_id; /* cgroup v2 id (inode of the cgroup directory) charged or credited */
+	__u64 addr;      /* device pointer or VMM handle; 0 for EXIT */
+	__u64 size;      /* bytes charged (ALLOC), credited (FREE) or released (EXIT) */
+	__u32 tgid;      /* process, as seen from the initial PID namespace */
+	__u32 tid;
+	__u32 kind;      /* FGPU_EV_* */
+	__u32 api;       /* FGPU_API_* (0 for EXIT) */
+	__u32 device;
+	__s32 result;    /* the driver's return code */
+	__u64 reserved;
+};
+
+/* Key of the per-(cgroup, device) totals map `cg_usage`. */
+struct fgpu_cg_key {
+	__u64 cgroup_id;
+	__u32 device;
+	__u32 pad;
+};
+
+/* Value of `cg_usage`: updated with atomic adds only. */
+struct fgpu_cg_usage {
+	__u64 bytes;  /* bytes currently charged */
+	__u64 allocs; /* successful allocations charged, ever */
+	__u64 frees;  /* frees and exit releases credited, ever */
+};
+
+/* Value of `procs`: one entry per process that holds GPU memory (key: tgid). */
+struct fgpu_proc {
+	__u64 cgroup_id; /* cgroup of the process's first charged allocation */
+	__u64 bytes;     /* bytes the process holds, all cgroups and devices */
+};
+
+/* Indexes into the `counters` array map. */
+#define FGPU_CTR_RINGBUF_DROPS 0 /* events that did not fit in the ring buffer */
+#define FGPU_CTR_MAP_FULL 1      /* allocations that could not be tracked (map full) */
+#define FGPU_CTR_FAILED_CALLS 2  /* probed calls that returned an error (nothing charged) */
+#define FGPU_CTR_UNKNOWN_FREES 3 /* frees of pointers we never saw allocated */
+#define FGPU_CTR_MAX 8
+
+#endif /* FGPU_H */

@@ -1,0 +1,146 @@
+//! `cargo xtask test`: everything CI checks, in the order that fails fastest.
+//!
+//! The end-to-end tests load eBPF programs, create cgroups and PID namespaces: they are
+//! named `privileged_*`, need root, and are part of the normal suite. As root they all
+//! run; `--unprivileged` skips them explicitly (and says so), and nothing else does.
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+
+use crate::build::{install_sim, sim_dir};
+use crate::util::{cargo, exec, is_root, root, step};
+
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// Run without root: the privileged end-to-end tests are skipped (and counted as such).
+    #[arg(long)]
+    unprivileged: bool,
+
+    /// Skip the fmt and clippy checks (quicker while iterating).
+    #[arg(long)]
+    no_lint: bool,
+}
+
+pub fn run(args: &TestArgs) -> Result<()> {
+    let root_user = is_root();
+    if !root_user && !args.unprivileged {
+        bail!(
+            "the end-to-end tests load eBPF programs and create cgroups: run as root \
+             (`sudo -E cargo xtask test`), or pass --unprivileged to skip them"
+        );
+    }
+    if !args.no_lint {
+        step("cargo fmt --check");
+        exec(cargo().args(["fmt", "--all", "--", "--check"]))?;
+        step("cargo clippy --all-targets -D warnings");
+        exec(cargo().args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))?;
+    }
+    crate::bpf::check()?;
+
+    step("building the workspace and the simulated driver");
+    exec(cargo().args(["build", "--workspace"]))?;
+    install_sim(&root().join("target").join("debug"))?;
+
+    step("cargo test (unit, integration and privileged end-to-end tests)");
+    let mut cmd = cargo();
+    cmd.args(["test", "--workspace", "--no-fail-fast"])
+        .env("FGPU_SIM_DIR", sim_dir())
+        .stdout(Stdio::piped());
+    if args.unprivileged {
+        cmd.env("FGPU_SKIP_PRIVILEGED", "1");
+    }
+    let mut child = cmd.spawn().context("starting cargo test")?;
+    let stdout = child.stdout.take().context("cargo test's stdout")?;
+    let mut tally = Tally::default();
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        tally.read(&line);
+    }
+    let status = child.wait()?;
+
+    println!();
+    if args.unprivileged {
+        println!("privileged end-to-end tests: SKIPPED (--unprivileged, not root)");
+    } else {
+        println!(
+            "privileged end-to-end tests: {} passed, {} failed (as root)",
+            tally.privileged_passed, tally.privileged_failed
+        );
+    }
+    println!(
+        "{} passed, {} failed, {} ignored",
+        tally.passed, tally.failed, tally.ignored
+    );
+    if !status.success() || tally.failed > 0 {
+        bail!("tests failed");
+    }
+    if root_user && !args.unprivileged && tally.privileged_passed == 0 {
+        bail!("no privileged end-to-end test ran: the suite is not testing the kernel side");
+    }
+    Ok(())
+}
+
+/// Counts from libtest's output.
+#[derive(Debug, Default)]
+struct Tally {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+    privileged_passed: u64,
+    privileged_failed: u64,
+}
+
+impl Tally {
+    fn read(&mut self, line: &str) {
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            self.passed += field(rest, "passed");
+            self.failed += field(rest, "failed");
+            self.ignored += field(rest, "ignored");
+        } else if let Some(rest) = line.strip_prefix("test ")
+            && rest.contains("privileged_")
+        {
+            if rest.ends_with("... ok") {
+                self.privileged_passed += 1;
+            } else if rest.ends_with("... FAILED") {
+                self.privileged_failed += 1;
+            }
+        }
+    }
+}
+
+/// The number before `name` in `ok. 3 passed; 0 failed; 1 ignored; ...`.
+fn field(summary: &str, name: &str) -> u64 {
+    summary
+        .split([';', '.'])
+        .filter_map(|part| part.trim().strip_suffix(name))
+        .find_map(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tallies_libtest_output() {
+        let mut t = Tally::default();
+        t.read("test privileged_status_counts_bytes ... ok");
+        t.read("test privileged_exit_releases ... FAILED");
+        t.read("test quantity::tests::sizes ... ok");
+        t.read("test result: ok. 12 passed; 0 failed; 2 ignored; 0 measured; 0 filtered out");
+        t.read("test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured");
+        assert_eq!((t.passed, t.failed, t.ignored), (13, 1, 2));
+        assert_eq!((t.privileged_passed, t.privileged_failed), (1, 1));
+    }
+}
