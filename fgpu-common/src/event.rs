@@ -15,6 +15,8 @@ pub enum EventKind {
     Free = 2,
     /// A process holding GPU memory exited; its bytes were released.
     Exit = 3,
+    /// A process called exec: it may map a driver library soon.
+    Exec = 4,
 }
 
 impl EventKind {
@@ -23,8 +25,35 @@ impl EventKind {
             1 => Some(Self::Alloc),
             2 => Some(Self::Free),
             3 => Some(Self::Exit),
+            4 => Some(Self::Exec),
             _ => None,
         }
+    }
+}
+
+/// A driver library fgpu probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Driver {
+    /// NVIDIA's CUDA driver, `libcuda.so.1`.
+    Cuda,
+    /// AMD's HIP runtime, `libamdhip64.so.N`.
+    Hip,
+}
+
+impl Driver {
+    /// Whether a library file name (basename) is this driver's library.
+    pub fn matches_file_name(self, name: &str) -> bool {
+        match self {
+            Self::Cuda => name.starts_with("libcuda.so"),
+            Self::Hip => name.starts_with("libamdhip64.so"),
+        }
+    }
+
+    /// The driver whose library a file name names, if any.
+    pub fn of_file_name(name: &str) -> Option<Self> {
+        [Self::Cuda, Self::Hip]
+            .into_iter()
+            .find(|d| d.matches_file_name(name))
     }
 }
 
@@ -41,10 +70,19 @@ pub enum ApiId {
     CuMemFree = 16,
     CuMemFreeAsync = 17,
     CuMemRelease = 18,
+    HipMalloc = 32,
+    HipExtMallocWithFlags = 33,
+    HipMallocManaged = 34,
+    HipMallocAsync = 35,
+    HipMallocFromPoolAsync = 36,
+    HipMemCreate = 37,
+    HipFree = 48,
+    HipFreeAsync = 49,
+    HipMemRelease = 50,
 }
 
 impl ApiId {
-    pub const ALL: [ApiId; 9] = [
+    pub const ALL: [ApiId; 18] = [
         Self::CuMemAlloc,
         Self::CuMemAllocPitch,
         Self::CuMemAllocManaged,
@@ -54,14 +92,37 @@ impl ApiId {
         Self::CuMemFree,
         Self::CuMemFreeAsync,
         Self::CuMemRelease,
+        Self::HipMalloc,
+        Self::HipExtMallocWithFlags,
+        Self::HipMallocManaged,
+        Self::HipMallocAsync,
+        Self::HipMallocFromPoolAsync,
+        Self::HipMemCreate,
+        Self::HipFree,
+        Self::HipFreeAsync,
+        Self::HipMemRelease,
     ];
 
     pub fn from_raw(raw: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|a| *a as u32 == raw)
     }
 
-    /// The exported symbols of libcuda that this entry point is reached through.
-    pub fn cuda_symbols(self) -> &'static [&'static str] {
+    /// The library that exports this entry point.
+    pub fn driver(self) -> Driver {
+        if (self as u32) < 32 {
+            Driver::Cuda
+        } else {
+            Driver::Hip
+        }
+    }
+
+    /// The entry points of one driver.
+    pub fn of(driver: Driver) -> impl Iterator<Item = ApiId> {
+        Self::ALL.into_iter().filter(move |a| a.driver() == driver)
+    }
+
+    /// The exported symbols this entry point is reached through.
+    pub fn symbols(self) -> &'static [&'static str] {
         match self {
             Self::CuMemAlloc => &["cuMemAlloc_v2"],
             Self::CuMemAllocPitch => &["cuMemAllocPitch_v2"],
@@ -74,12 +135,21 @@ impl ApiId {
             Self::CuMemFree => &["cuMemFree_v2"],
             Self::CuMemFreeAsync => &["cuMemFreeAsync", "cuMemFreeAsync_ptsz"],
             Self::CuMemRelease => &["cuMemRelease"],
+            Self::HipMalloc => &["hipMalloc"],
+            Self::HipExtMallocWithFlags => &["hipExtMallocWithFlags"],
+            Self::HipMallocManaged => &["hipMallocManaged"],
+            Self::HipMallocAsync => &["hipMallocAsync"],
+            Self::HipMallocFromPoolAsync => &["hipMallocFromPoolAsync"],
+            Self::HipMemCreate => &["hipMemCreate"],
+            Self::HipFree => &["hipFree"],
+            Self::HipFreeAsync => &["hipFreeAsync"],
+            Self::HipMemRelease => &["hipMemRelease"],
         }
     }
 
     /// The name people know the entry point by.
     pub fn name(self) -> &'static str {
-        self.cuda_symbols()[0]
+        self.symbols()[0]
     }
 }
 
@@ -188,11 +258,27 @@ mod tests {
     }
 
     #[test]
+    fn driver_libraries_by_file_name() {
+        assert_eq!(Driver::of_file_name("libcuda.so.1"), Some(Driver::Cuda));
+        assert_eq!(
+            Driver::of_file_name("libcuda.so.580.159"),
+            Some(Driver::Cuda)
+        );
+        assert_eq!(Driver::of_file_name("libamdhip64.so.5"), Some(Driver::Hip));
+        assert_eq!(Driver::of_file_name("libcudart.so.12"), None);
+    }
+
+    #[test]
     fn api_ids_match_header_numbers() {
         assert_eq!(ApiId::CuMemAlloc as u32, 1);
         assert_eq!(ApiId::CuMemFree as u32, 16);
         assert_eq!(ApiId::from_raw(18), Some(ApiId::CuMemRelease));
         assert_eq!(ApiId::from_raw(7), None);
-        assert_eq!(ApiId::CuMemFreeAsync.cuda_symbols().len(), 2);
+        assert_eq!(ApiId::CuMemFreeAsync.symbols().len(), 2);
+        assert_eq!(ApiId::HipMalloc as u32, 32);
+        assert_eq!(ApiId::from_raw(50), Some(ApiId::HipMemRelease));
+        assert_eq!(ApiId::of(Driver::Hip).count(), 9);
+        assert_eq!(ApiId::of(Driver::Cuda).count(), 9);
+        assert!(ApiId::of(Driver::Cuda).all(|a| a.name().starts_with("cu")));
     }
 }

@@ -8,6 +8,8 @@
 //! - [`PROG_ENTER`] (`uprobe`): on entry to every probed driver function; stores arguments.
 //! - [`PROG_LEAVE`] (`uretprobe`): on return; charges or credits successful calls.
 //! - [`PROG_EXIT`] (`tracepoint/sched/sched_process_exit`): releases a dead process's bytes.
+//! - [`PROG_EXEC`] (`tracepoint/sched/sched_process_exec`): tells the agent a process started,
+//!   so it can look for driver libraries in it.
 
 /// Name of the entry uprobe program.
 pub const PROG_ENTER: &str = "fgpu_enter";
@@ -15,6 +17,8 @@ pub const PROG_ENTER: &str = "fgpu_enter";
 pub const PROG_LEAVE: &str = "fgpu_leave";
 /// Name of the process-exit tracepoint program.
 pub const PROG_EXIT: &str = "fgpu_sched_exit";
+/// Name of the exec tracepoint program.
+pub const PROG_EXEC: &str = "fgpu_sched_exec";
 
 /// Maps in the object (see the header comment of `fgpu.bpf.c`).
 pub mod maps {

@@ -51,6 +51,11 @@ fn record(state: &State, e: &Event) {
     let counter = match EventKind::from_raw(e.kind) {
         Some(EventKind::Alloc) => &state.events.allocs,
         Some(EventKind::Free) => &state.events.frees,
+        Some(EventKind::Exec) => {
+            // The watcher may be gone only while the agent shuts down.
+            let _ = state.exec_tx.send(e.tgid);
+            return;
+        }
         Some(EventKind::Exit) => {
             tracing::info!(
                 pid = e.tgid,

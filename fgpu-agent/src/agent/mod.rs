@@ -12,14 +12,17 @@ mod preflight;
 mod probes;
 mod report;
 mod server;
+mod watcher;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use fgpu_common::event::Driver;
 
-use self::discovery::{Dedup, LIBCUDA};
+use self::discovery::LIBCUDA;
+use self::watcher::Watcher;
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
@@ -50,44 +53,44 @@ pub fn run(args: AgentArgs) -> Result<()> {
         .init();
     let host = preflight::check()?;
     let mut probes = probes::Probes::load()?;
-
-    let mut dedup = Dedup::default();
-    let mut candidates = args.libcuda.clone();
-    for path in &args.libcuda {
-        if !path.is_file() {
-            bail!("--libcuda {}: no such file", path.display());
-        }
-    }
-    if args.sim {
-        candidates.push(sim_dir()?.join(LIBCUDA));
-    } else {
-        candidates.extend(discovery::system_candidates());
-    }
-    for path in candidates {
-        if let Some(lib) = dedup.admit(&path) {
-            probes.attach_library(lib)?;
-        }
-    }
-    if probes.attached.is_empty() {
-        bail!(
-            "no NVIDIA driver library ({LIBCUDA}) found (looked in the ldconfig cache, \
-             /usr/local/nvidia/lib64 and the distribution's library directories): is the \
-             driver installed? Point at one with --libcuda PATH, or on a machine without a \
-             GPU try the simulated driver: `cargo xtask run --sim`"
-        );
-    }
-
     let kernel = kernel::KernelMaps::take(&mut probes.ebpf)?;
     let ring = events::ring(&mut probes.ebpf)?;
+
+    let libraries = Arc::new(Mutex::new(Vec::new()));
+    let mut watcher = Watcher::new(probes, Arc::clone(&libraries));
+    for (path, driver) in watcher::explicit(&args.libcuda)? {
+        watcher.consider(&path, driver)?;
+    }
+    if args.sim {
+        watcher.consider(&sim_dir()?.join(LIBCUDA), Driver::Cuda)?;
+    } else {
+        for (path, driver) in discovery::system_candidates() {
+            if let Err(err) = watcher.consider(&path, driver) {
+                tracing::warn!("not probing {}: {err:#}", path.display());
+            }
+        }
+    }
+    watcher.scan_all();
+    if watcher.attached() == 0 {
+        bail!(
+            "no GPU driver library found (libcuda.so.1 or libamdhip64.so; looked in the \
+             ldconfig cache, /usr/local/nvidia/lib64, the distribution's library directories \
+             and running processes): is the driver installed? Point at one with --libcuda \
+             PATH, or on a machine without a GPU try the simulated driver: `cargo xtask run --sim`"
+        );
+    }
+    let (exec_tx, exec_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("fgpu-watcher".into())
+        .spawn(move || watcher.run(exec_rx))
+        .context("starting the library watcher")?;
+
     let state = Arc::new(report::State {
         kernel: Mutex::new(kernel),
         names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
-        libraries: probes
-            .attached
-            .iter()
-            .map(|(lib, _)| lib.path.display().to_string())
-            .collect(),
+        libraries,
         events: events::EventCounts::default(),
+        exec_tx,
     });
 
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -99,7 +102,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         tracing::info!(
             socket = %args.socket.display(),
             cgroup2 = %host.cgroup2_mount.display(),
-            libraries = ?state.libraries,
+            libraries = ?state.libraries.lock().expect("libraries lock"),
             "fgpu agent ready"
         );
         let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state)));
@@ -112,7 +115,6 @@ pub fn run(args: AgentArgs) -> Result<()> {
     });
     let _ = std::fs::remove_file(&args.socket);
     tracing::info!("fgpu agent stopped; probes detached");
-    drop(probes);
     result
 }
 

@@ -36,6 +36,14 @@ impl Probes {
             .with_context(|| format!("verifying eBPF program {}", fgpu_ebpf::PROG_EXIT))?;
         exit.attach("sched", "sched_process_exit")
             .context("attaching to tracepoint sched/sched_process_exit")?;
+        let exec: &mut TracePoint = ebpf
+            .program_mut(fgpu_ebpf::PROG_EXEC)
+            .context("eBPF object lacks the exec program")?
+            .try_into()?;
+        exec.load()
+            .with_context(|| format!("verifying eBPF program {}", fgpu_ebpf::PROG_EXEC))?;
+        exec.attach("sched", "sched_process_exec")
+            .context("attaching to tracepoint sched/sched_process_exec")?;
         Ok(Self {
             ebpf,
             attached: Vec::new(),
@@ -47,8 +55,8 @@ impl Probes {
     pub fn attach_library(&mut self, lib: Library) -> Result<usize> {
         let mut probed = 0;
         let mut missing = Vec::new();
-        for api in ApiId::ALL {
-            for &symbol in api.cuda_symbols() {
+        for api in ApiId::of(lib.driver) {
+            for &symbol in api.symbols() {
                 match self.attach_symbol(&lib.path, symbol, api) {
                     Ok(()) => probed += 1,
                     Err(err) => missing.push(format!("{symbol} ({err:#})")),
@@ -69,7 +77,7 @@ impl Probes {
                 missing.join("; ")
             );
         }
-        tracing::info!(library = %lib.path.display(), probed, "attached");
+        tracing::info!(library = %lib.path.display(), driver = ?lib.driver, probed, "attached");
         self.attached.push((lib, probed));
         Ok(probed)
     }

@@ -1,7 +1,8 @@
 //! The agent's shared state and the status report built from it.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 
 use super::cgroups::CgroupNames;
 use super::events::EventCounts;
@@ -11,8 +12,11 @@ use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
 pub struct State {
     pub kernel: Mutex<KernelMaps>,
     pub names: Mutex<CgroupNames>,
-    pub libraries: Vec<String>,
+    /// Driver libraries the probes are attached to.
+    pub libraries: Arc<Mutex<Vec<String>>>,
     pub events: EventCounts,
+    /// New processes, for the library watcher to look into.
+    pub exec_tx: Sender<u32>,
 }
 
 impl State {
@@ -20,7 +24,7 @@ impl State {
         let snap = self.kernel.lock().expect("kernel maps lock").snapshot();
         let mut names = self.names.lock().expect("cgroup names lock");
         let mut report = build(&snap, |id| names.path_of(id));
-        report.libraries = self.libraries.clone();
+        report.libraries = self.libraries.lock().expect("libraries lock").clone();
         report
     }
 }

@@ -18,6 +18,12 @@ pub struct StatusArgs {
     #[arg(long)]
     json: bool,
 
+    /// With --json: print one object with the cgroups, the kernel side's counters (events
+    /// dropped, untracked allocations, frees of unknown pointers, failed calls) and the
+    /// probed libraries.
+    #[arg(long, requires = "json")]
+    detail: bool,
+
     /// The agent's control socket [default: $FGPU_SOCKET or /run/fgpu/fgpu.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
@@ -33,7 +39,9 @@ pub fn run(args: &StatusArgs) -> Result<()> {
     )?;
     let report: StatusReport =
         serde_json::from_slice(&payload).context("the agent's status reply is not valid")?;
-    if args.json {
+    if args.json && args.detail {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if args.json {
         println!("{}", serde_json::to_string_pretty(&report.cgroups)?);
     } else {
         print!("{}", table(&report));

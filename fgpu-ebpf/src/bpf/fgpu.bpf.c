@@ -14,6 +14,9 @@
  *   procs    tgid -> cgroup, bytes held; a group leader's exit releases the process
  *   counters drops and anomalies, never silent
  *   events   ring buffer of struct fgpu_event for the agent
+ *
+ * Process exec is reported too (FGPU_EV_EXEC), so the agent can look for driver libraries
+ * (a container's own copy of libcuda) in new processes soon after they start.
  */
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
@@ -24,7 +27,10 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-/* CUmemAllocationProp: location.type at byte 8, location.id at byte 12. */
+/*
+ * CUmemAllocationProp and hipMemAllocationProp share this layout: location.type at byte 8,
+ * location.id at byte 12; type 1 is a device in both.
+ */
 #define CU_MEM_PROP_LOCATION_TYPE_OFF 8
 #define CU_MEM_PROP_LOCATION_ID_OFF 12
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
@@ -240,12 +246,20 @@ int BPF_KRETPROBE(fgpu_leave, long ret)
 	case FGPU_API_CU_MEM_FREE:
 	case FGPU_API_CU_MEM_FREE_ASYNC:
 	case FGPU_API_CU_MEM_RELEASE:
+	case FGPU_API_HIP_FREE:
+	case FGPU_API_HIP_FREE_ASYNC:
+	case FGPU_API_HIP_MEM_RELEASE:
 		credit(tgid, tid, a.a0, a.api, rc, 1);
 		return 0;
 	case FGPU_API_CU_MEM_ALLOC:
 	case FGPU_API_CU_MEM_ALLOC_MANAGED:
 	case FGPU_API_CU_MEM_ALLOC_ASYNC:
 	case FGPU_API_CU_MEM_ALLOC_POOL:
+	case FGPU_API_HIP_MALLOC:
+	case FGPU_API_HIP_EXT_MALLOC_WITH_FLAGS:
+	case FGPU_API_HIP_MALLOC_MANAGED:
+	case FGPU_API_HIP_MALLOC_ASYNC:
+	case FGPU_API_HIP_MALLOC_FROM_POOL_ASYNC:
 		size = a.a1;
 		break;
 	case FGPU_API_CU_MEM_ALLOC_PITCH:
@@ -254,7 +268,8 @@ int BPF_KRETPROBE(fgpu_leave, long ret)
 			return 0;
 		size = pitch * a.a3;
 		break;
-	case FGPU_API_CU_MEM_CREATE: {
+	case FGPU_API_CU_MEM_CREATE:
+	case FGPU_API_HIP_MEM_CREATE: {
 		__u32 loc[2] = {};
 
 		if (bpf_probe_read_user(loc, sizeof(loc),
@@ -312,5 +327,15 @@ int fgpu_sched_exit(void *ctx)
 	bpf_for_each_map_elem(&allocs, release_one, &rctx, 0);
 	bpf_map_delete_elem(&procs, &tgid);
 	emit(FGPU_EV_EXIT, 0, tgid, (__u32)id, cgroup_id, 0, rctx.released, FGPU_DEVICE_CURRENT, 0);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exec")
+int fgpu_sched_exec(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+
+	emit(FGPU_EV_EXEC, 0, id >> 32, (__u32)id, bpf_get_current_cgroup_id(), 0, 0,
+	     FGPU_DEVICE_CURRENT, 0);
 	return 0;
 }

@@ -14,6 +14,7 @@
 #define FGPU_EV_ALLOC 1 /* a successful allocation was charged */
 #define FGPU_EV_FREE 2  /* a successful free was credited */
 #define FGPU_EV_EXIT 3  /* a process holding GPU memory exited; its bytes were released */
+#define FGPU_EV_EXEC 4  /* a process called exec: it may map a driver library soon */
 
 /*
  * Driver entry points, passed as the uprobe's attach cookie. Numbers are part of the ABI
@@ -28,6 +29,16 @@
 #define FGPU_API_CU_MEM_FREE 16          /* cuMemFree_v2(CUdeviceptr) */
 #define FGPU_API_CU_MEM_FREE_ASYNC 17    /* cuMemFreeAsync(CUdeviceptr, CUstream) (+_ptsz) */
 #define FGPU_API_CU_MEM_RELEASE 18       /* cuMemRelease(handle) */
+/* HIP (libamdhip64): same argument shapes as their CUDA counterparts. */
+#define FGPU_API_HIP_MALLOC 32                /* hipMalloc(void **, size_t) */
+#define FGPU_API_HIP_EXT_MALLOC_WITH_FLAGS 33 /* hipExtMallocWithFlags(void **, size_t, uint) */
+#define FGPU_API_HIP_MALLOC_MANAGED 34        /* hipMallocManaged(void **, size_t, uint) */
+#define FGPU_API_HIP_MALLOC_ASYNC 35          /* hipMallocAsync(void **, size_t, stream) */
+#define FGPU_API_HIP_MALLOC_FROM_POOL_ASYNC 36 /* hipMallocFromPoolAsync(void **, size_t, pool, stream) */
+#define FGPU_API_HIP_MEM_CREATE 37            /* hipMemCreate(handle *, size_t, const hipMemAllocationProp *, flags) */
+#define FGPU_API_HIP_FREE 48                  /* hipFree(void *) */
+#define FGPU_API_HIP_FREE_ASYNC 49            /* hipFreeAsync(void *, stream) */
+#define FGPU_API_HIP_MEM_RELEASE 50           /* hipMemRelease(handle) */
 
 /* Device number used when the kernel cannot know the device (current context). */
 #define FGPU_DEVICE_CURRENT 0

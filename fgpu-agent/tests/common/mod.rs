@@ -1,0 +1,315 @@
+//! Harness for the privileged end-to-end tests: a real agent on the simulated driver, real
+//! cgroups in the v2 hierarchy, workloads in their own PID namespaces.
+//!
+//! Tests named `privileged_*` need root. Without root they fail, unless
+//! `FGPU_SKIP_PRIVILEGED=1` asks to skip them (what `cargo xtask test --unprivileged` does).
+#![allow(dead_code)]
+
+use std::ffi::CString;
+use std::io::{BufRead, BufReader};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// True if the test may run; false if it is explicitly skipped; panics if it cannot run.
+pub fn privileged() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("FGPU_SKIP_PRIVILEGED").is_some() {
+        eprintln!("SKIPPED: not root and FGPU_SKIP_PRIVILEGED is set");
+        return false;
+    }
+    panic!("this test needs root (eBPF, cgroups, PID namespaces); run `sudo -E cargo xtask test`");
+}
+
+/// A name unique to this test run.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The installed simulated driver: `$FGPU_SIM_DIR` or `<workspace>/target/sim`.
+pub fn sim_dir() -> PathBuf {
+    let dir = std::env::var_os("FGPU_SIM_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/sim"),
+        PathBuf::from,
+    );
+    assert!(
+        dir.join("libcuda.so.1").is_file() && dir.join("fgpu-sim-load").is_file(),
+        "the simulated driver is not installed in {}: run `cargo xtask test` (or `cargo xtask build`)",
+        dir.display()
+    );
+    dir
+}
+
+/// Where the cgroup v2 hierarchy is mounted on this host.
+pub fn cgroup2_mount() -> PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2")
+                .then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap()))
+        })
+        .expect("no cgroup2 mount")
+}
+
+/// A cgroup created for one test; its processes are killed and it is removed on drop.
+pub struct Cgroup {
+    pub dir: PathBuf,
+    /// The path as fgpu reports it (relative to the v2 root).
+    pub path: String,
+}
+
+impl Cgroup {
+    pub fn new(name: &str) -> Self {
+        let mount = cgroup2_mount();
+        let dir = mount.join(name);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        Self {
+            dir,
+            path: format!("/{name}"),
+        }
+    }
+
+    /// Host PIDs in the cgroup.
+    pub fn procs(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    pub fn id(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&self.dir).unwrap().ino()
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A running `fgpu agent --sim`, stopped on drop.
+pub struct Agent {
+    child: Child,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Agent {
+    pub fn start() -> Self {
+        let name = unique("fgpu-agent");
+        let socket = std::env::temp_dir().join(format!("{name}.sock"));
+        let log = std::env::temp_dir().join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
+            .args(["agent", "--sim", "--log", "debug", "--socket"])
+            .arg(&socket)
+            .env("FGPU_SIM_DIR", sim_dir())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting fgpu agent");
+        let mut agent = Self { child, socket, log };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&agent.socket).is_err() {
+            if let Ok(Some(status)) = agent.child.try_wait() {
+                panic!(
+                    "the agent exited ({status}) before serving:\n{}",
+                    agent.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not start:\n{}",
+                agent.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agent
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `fgpu status --json`, parsed.
+    pub fn status(&self) -> serde_json::Value {
+        let out = fgpu(&[
+            "status",
+            "--json",
+            "--socket",
+            self.socket.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "fgpu status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status --json is JSON")
+    }
+
+    /// The status element of one cgroup, if it has one.
+    pub fn cgroup_status(&self, cg: &Cgroup) -> Option<serde_json::Value> {
+        self.status()
+            .as_array()
+            .expect("status --json is an array")
+            .iter()
+            .find(|e| e["cgroup"] == cg.path.as_str())
+            .cloned()
+    }
+
+    /// Polls until `pred` holds for the cgroup's element (None: no element), or panics.
+    pub fn wait_for(
+        &self,
+        cg: &Cgroup,
+        what: &str,
+        timeout: Duration,
+        pred: impl Fn(Option<&serde_json::Value>) -> bool,
+    ) -> Option<serde_json::Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let s = self.cgroup_status(cg);
+            if pred(s.as_ref()) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; last: {s:?}\nagent log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+pub fn fgpu(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_fgpu"))
+        .args(args)
+        .output()
+        .expect("running fgpu")
+}
+
+/// A `fgpu-sim-load` run inside `cg`, in its own PID namespace (with its own /proc, as
+/// in a real container), on a private simulated device (`state` file).
+pub struct Load {
+    child: Child,
+    stdout: BufReader<ChildStdout>,
+    pub lines: Vec<String>,
+}
+
+impl Load {
+    pub fn spawn(cg: &Cgroup, state: &Path, args: &[&str]) -> Self {
+        let sim = sim_dir();
+        let procs = CString::new(cg.dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .arg(sim.join("fgpu-sim-load"))
+            .args(args)
+            .env("LD_LIBRARY_PATH", &sim)
+            .env("FGPU_SIM_STATE", state)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        // SAFETY: the closure only calls async-signal-safe functions (open, write, close)
+        // on memory prepared before fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let mut child = cmd.spawn().expect("starting unshare + fgpu-sim-load");
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self {
+            child,
+            stdout,
+            lines: Vec::new(),
+        }
+    }
+
+    /// Reads output lines until one starts with `prefix`; returns it.
+    pub fn expect_line(&mut self, prefix: &str) -> String {
+        loop {
+            let mut line = String::new();
+            let n = self.stdout.read_line(&mut line).unwrap();
+            assert!(
+                n > 0,
+                "fgpu-sim-load ended before printing '{prefix}'; output so far: {:?}",
+                self.lines
+            );
+            let line = line.trim_end().to_string();
+            self.lines.push(line.clone());
+            if line.starts_with(prefix) {
+                return line;
+            }
+        }
+    }
+
+    /// Ends `hold` by closing stdin, and waits for the exit status.
+    pub fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.child.stdin.take());
+        self.child.wait().unwrap()
+    }
+
+    /// SIGKILLs the whole PID namespace (unshare --kill-child passes it on).
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A private simulated-device state file, removed on drop.
+pub struct SimState(pub PathBuf);
+
+impl SimState {
+    pub fn new() -> Self {
+        Self(Path::new("/dev/shm").join(unique("fgpu-sim-test")))
+    }
+}
+
+impl Drop for SimState {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
