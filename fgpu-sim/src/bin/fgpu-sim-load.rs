@@ -1,1 +1,755 @@
-fn main() {}
+//! fgpu-sim-load: drives a CUDA driver exactly as the CUDA runtime reaches it.
+//!
+//! `dlopen("libcuda.so.1")` (or `--lib PATH`), `dlsym` of `cuGetProcAddress_v2`, `cuInit` and
+//! `cuDriverGetVersion` only; every other entry point through
+//! `cuGetProcAddress_v2(base, 12000, flags, &status)`. `--dlsym-direct` dlsyms the versioned
+//! names instead; `--ptsz` asks for per-thread-default-stream variants (flags = 2);
+//! `--strict` exits 1 if any step fails.
+//!
+//! Commands (one output line each, flushed):
+//!   alloc SIZE | alloc-api {mem_alloc|pitch|managed|async|pool|vmm|array} SIZE
+//!   free-last | free N | free-all | trim | info | launch N KERNEL | graph N KERNEL REPLAYS
+//!   sync | sleep MS | hold | nvml
+//! SIZE accepts 16GiB, 512MiB, 8GB or plain bytes.
+
+#[path = "../size.rs"]
+mod size;
+
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::io::{Read, Write};
+use std::time::Instant;
+
+type Ptr = *mut c_void;
+
+struct Lib {
+    handle: Ptr,
+    gpa: Option<unsafe extern "C" fn(*const c_char, *mut Ptr, i32, u64, *mut i32) -> i32>,
+    direct: bool,
+    flags: u64,
+}
+
+impl Lib {
+    fn open(path: &str) -> Result<Lib, String> {
+        let c = CString::new(path).map_err(|e| e.to_string())?;
+        // SAFETY: valid C string; dlopen has no other preconditions.
+        let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+        if handle.is_null() {
+            // SAFETY: dlerror returns a valid C string after a failed dlopen.
+            let err = unsafe { CStr::from_ptr(libc::dlerror()) };
+            return Err(err.to_string_lossy().into_owned());
+        }
+        Ok(Lib {
+            handle,
+            gpa: None,
+            direct: false,
+            flags: 0,
+        })
+    }
+
+    fn dlsym(&self, name: &str) -> Ptr {
+        let c = CString::new(name).unwrap_or_default();
+        // SAFETY: valid handle from dlopen and a valid C string.
+        unsafe { libc::dlsym(self.handle, c.as_ptr()) }
+    }
+
+    /// Resolves an entry point: via cuGetProcAddress_v2(base), or dlsym(versioned) if direct.
+    fn resolve(&self, base: &str, versioned: &str) -> Ptr {
+        if self.direct {
+            return self.dlsym(versioned);
+        }
+        let Some(gpa) = self.gpa else {
+            return std::ptr::null_mut();
+        };
+        let c = CString::new(base).unwrap_or_default();
+        let mut p: Ptr = std::ptr::null_mut();
+        let mut status = 0;
+        // SAFETY: cuGetProcAddress_v2's C signature; all pointers are valid locals.
+        unsafe { gpa(c.as_ptr(), &mut p, 12000, self.flags, &mut status) };
+        p
+    }
+}
+
+/// Resolves `$base` (or dlsym `$versioned`) as a function pointer; exits if missing.
+macro_rules! entry {
+    ($lib:expr, $base:literal, $versioned:literal) => {{
+        let p = $lib.resolve($base, $versioned);
+        if p.is_null() {
+            println!("error missing={}", $base);
+            std::process::exit(2);
+        }
+        // SAFETY: the driver API documents this symbol with exactly the C signature of the
+        // field it is stored into (see `Api`).
+        unsafe { fn_ptr(p) }
+    }};
+}
+
+type R = i32;
+
+/// Reinterprets a non-NULL symbol address as a function pointer of type `F`.
+///
+/// # Safety
+/// `F` must be a function pointer type matching the symbol's C signature.
+unsafe fn fn_ptr<F: Copy>(p: Ptr) -> F {
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<Ptr>());
+    // SAFETY: same size (checked); validity of the signature is the caller's promise.
+    unsafe { std::mem::transmute_copy::<Ptr, F>(&p) }
+}
+
+/// The driver entry points this program uses, with their C signatures.
+struct Api {
+    device_get: unsafe extern "C" fn(*mut i32, i32) -> R,
+    ctx_retain: unsafe extern "C" fn(*mut usize, i32) -> R,
+    ctx_set_current: unsafe extern "C" fn(usize) -> R,
+    ctx_synchronize: unsafe extern "C" fn() -> R,
+    mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> R,
+    mem_alloc_pitch: unsafe extern "C" fn(*mut u64, *mut usize, usize, usize, u32) -> R,
+    mem_alloc_managed: unsafe extern "C" fn(*mut u64, usize, u32) -> R,
+    mem_alloc_async: unsafe extern "C" fn(*mut u64, usize, usize) -> R,
+    mem_alloc_from_pool_async: unsafe extern "C" fn(*mut u64, usize, usize, usize) -> R,
+    mem_pool_create: unsafe extern "C" fn(*mut usize, *const PoolProps) -> R,
+    mem_pool_trim_to: unsafe extern "C" fn(usize, usize) -> R,
+    default_mem_pool: unsafe extern "C" fn(*mut usize, i32) -> R,
+    mem_free: unsafe extern "C" fn(u64) -> R,
+    mem_free_async: unsafe extern "C" fn(u64, usize) -> R,
+    mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> R,
+    mem_create: unsafe extern "C" fn(*mut usize, usize, *const AllocProp, u64) -> R,
+    mem_release: unsafe extern "C" fn(usize) -> R,
+    mem_address_reserve: unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> R,
+    mem_address_free: unsafe extern "C" fn(u64, usize) -> R,
+    mem_map: unsafe extern "C" fn(u64, usize, usize, usize, u64) -> R,
+    mem_unmap: unsafe extern "C" fn(u64, usize) -> R,
+    mem_set_access: unsafe extern "C" fn(u64, usize, *const AccessDesc, usize) -> R,
+    array_create: unsafe extern "C" fn(*mut usize, *const ArrayDesc) -> R,
+    array_destroy: unsafe extern "C" fn(usize) -> R,
+    module_load_data: unsafe extern "C" fn(*mut usize, *const c_void) -> R,
+    module_get_function: unsafe extern "C" fn(*mut usize, usize, *const c_char) -> R,
+    launch_kernel: unsafe extern "C" fn(
+        usize,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        u32,
+        usize,
+        *mut Ptr,
+        *mut Ptr,
+    ) -> R,
+    stream_create: unsafe extern "C" fn(*mut usize, u32) -> R,
+    stream_synchronize: unsafe extern "C" fn(usize) -> R,
+    stream_begin_capture: unsafe extern "C" fn(usize, i32) -> R,
+    stream_end_capture: unsafe extern "C" fn(usize, *mut usize) -> R,
+    graph_instantiate: unsafe extern "C" fn(*mut usize, usize, u64) -> R,
+    graph_launch: unsafe extern "C" fn(usize, usize) -> R,
+}
+
+impl Api {
+    fn load(lib: &Lib) -> Api {
+        Api {
+            device_get: entry!(lib, "cuDeviceGet", "cuDeviceGet"),
+            ctx_retain: entry!(lib, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"),
+            ctx_set_current: entry!(lib, "cuCtxSetCurrent", "cuCtxSetCurrent"),
+            ctx_synchronize: entry!(lib, "cuCtxSynchronize", "cuCtxSynchronize"),
+            mem_alloc: entry!(lib, "cuMemAlloc", "cuMemAlloc_v2"),
+            mem_alloc_pitch: entry!(lib, "cuMemAllocPitch", "cuMemAllocPitch_v2"),
+            mem_alloc_managed: entry!(lib, "cuMemAllocManaged", "cuMemAllocManaged"),
+            mem_alloc_async: entry!(lib, "cuMemAllocAsync", "cuMemAllocAsync"),
+            mem_alloc_from_pool_async: entry!(
+                lib,
+                "cuMemAllocFromPoolAsync",
+                "cuMemAllocFromPoolAsync"
+            ),
+            mem_pool_create: entry!(lib, "cuMemPoolCreate", "cuMemPoolCreate"),
+            mem_pool_trim_to: entry!(lib, "cuMemPoolTrimTo", "cuMemPoolTrimTo"),
+            default_mem_pool: entry!(
+                lib,
+                "cuDeviceGetDefaultMemPool",
+                "cuDeviceGetDefaultMemPool"
+            ),
+            mem_free: entry!(lib, "cuMemFree", "cuMemFree_v2"),
+            mem_free_async: entry!(lib, "cuMemFreeAsync", "cuMemFreeAsync"),
+            mem_get_info: entry!(lib, "cuMemGetInfo", "cuMemGetInfo_v2"),
+            mem_create: entry!(lib, "cuMemCreate", "cuMemCreate"),
+            mem_release: entry!(lib, "cuMemRelease", "cuMemRelease"),
+            mem_address_reserve: entry!(lib, "cuMemAddressReserve", "cuMemAddressReserve"),
+            mem_address_free: entry!(lib, "cuMemAddressFree", "cuMemAddressFree"),
+            mem_map: entry!(lib, "cuMemMap", "cuMemMap"),
+            mem_unmap: entry!(lib, "cuMemUnmap", "cuMemUnmap"),
+            mem_set_access: entry!(lib, "cuMemSetAccess", "cuMemSetAccess"),
+            array_create: entry!(lib, "cuArrayCreate", "cuArrayCreate_v2"),
+            array_destroy: entry!(lib, "cuArrayDestroy", "cuArrayDestroy"),
+            module_load_data: entry!(lib, "cuModuleLoadData", "cuModuleLoadData"),
+            module_get_function: entry!(lib, "cuModuleGetFunction", "cuModuleGetFunction"),
+            launch_kernel: entry!(lib, "cuLaunchKernel", "cuLaunchKernel"),
+            stream_create: entry!(lib, "cuStreamCreate", "cuStreamCreate"),
+            stream_synchronize: entry!(lib, "cuStreamSynchronize", "cuStreamSynchronize"),
+            stream_begin_capture: entry!(lib, "cuStreamBeginCapture", "cuStreamBeginCapture_v2"),
+            stream_end_capture: entry!(lib, "cuStreamEndCapture", "cuStreamEndCapture"),
+            graph_instantiate: entry!(
+                lib,
+                "cuGraphInstantiateWithFlags",
+                "cuGraphInstantiateWithFlags"
+            ),
+            graph_launch: entry!(lib, "cuGraphLaunch", "cuGraphLaunch"),
+        }
+    }
+}
+
+struct Alloc {
+    api: String,
+    ptr: u64,
+    size: u64,
+    /// vmm: generic allocation handle; array: array handle.
+    handle: usize,
+    freed: bool,
+}
+
+#[repr(C)]
+struct AllocProp {
+    alloc_type: i32,
+    handle_types: i32,
+    location_type: i32,
+    location_id: i32,
+    win32: Ptr,
+    flags: [u8; 8],
+}
+
+#[repr(C)]
+struct PoolProps {
+    alloc_type: i32,
+    handle_types: i32,
+    location_type: i32,
+    location_id: i32,
+    win32: Ptr,
+    max_size: usize,
+    usage: u16,
+    reserved: [u8; 54],
+}
+
+#[repr(C)]
+struct AccessDesc {
+    location_type: i32,
+    location_id: i32,
+    flags: i32,
+}
+
+#[repr(C)]
+struct ArrayDesc {
+    width: usize,
+    height: usize,
+    format: i32,
+    channels: u32,
+}
+
+struct Driver {
+    api: Api,
+    allocs: Vec<Alloc>,
+    pool: usize,
+    failed: bool,
+}
+
+fn out(line: String) {
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "{line}");
+    let _ = o.flush();
+}
+
+const GRAN: u64 = 2 << 20;
+const DEVICE: i32 = 1; // CU_MEM_LOCATION_TYPE_DEVICE
+
+/// Evaluates a driver call; returns its code from the enclosing function if it failed.
+macro_rules! step {
+    ($e:expr) => {{
+        let rc = $e;
+        if rc != 0 {
+            return rc;
+        }
+    }};
+}
+
+impl Driver {
+    fn report(&mut self, rc: i32, ok: String, fail: String) {
+        if rc == 0 {
+            out(ok);
+        } else {
+            self.failed = true;
+            out(fail);
+        }
+    }
+
+    fn alloc(&mut self, api: &str, size: u64) {
+        let a = &self.api;
+        let (mut ptr, mut handle, mut charged) = (0u64, 0usize, size);
+        let n = size as usize;
+        let rc = match api {
+            // SAFETY: (all calls below) documented driver signatures, pointers to valid locals.
+            "mem_alloc" => unsafe { (a.mem_alloc)(&mut ptr, n) },
+            "pitch" => {
+                let (mut pitch, rows) = (0usize, size.div_ceil(4096) as usize);
+                charged = rows as u64 * 4096;
+                // SAFETY: as above.
+                unsafe { (a.mem_alloc_pitch)(&mut ptr, &mut pitch, 4096, rows, 4) }
+            }
+            // SAFETY: as above.
+            "managed" => unsafe { (a.mem_alloc_managed)(&mut ptr, n, 1) },
+            // SAFETY: as above.
+            "async" => unsafe { (a.mem_alloc_async)(&mut ptr, n, 0) },
+            "pool" => {
+                let mut rc = 0;
+                if self.pool == 0 {
+                    let props = PoolProps {
+                        alloc_type: 1,
+                        handle_types: 0,
+                        location_type: DEVICE,
+                        location_id: 0,
+                        win32: std::ptr::null_mut(),
+                        max_size: 0,
+                        usage: 0,
+                        reserved: [0; 54],
+                    };
+                    // SAFETY: as above.
+                    rc = unsafe { (a.mem_pool_create)(&mut self.pool, &props) };
+                }
+                if rc == 0 {
+                    // SAFETY: as above.
+                    rc = unsafe { (a.mem_alloc_from_pool_async)(&mut ptr, n, self.pool, 0) };
+                }
+                rc
+            }
+            "vmm" => {
+                charged = size.div_ceil(GRAN) * GRAN;
+                self.vmm_alloc(charged as usize, &mut ptr, &mut handle)
+            }
+            "array" => {
+                let desc = ArrayDesc {
+                    width: size.div_ceil(4) as usize,
+                    height: 1,
+                    format: 0x20, // FLOAT
+                    channels: 1,
+                };
+                charged = (size.div_ceil(4) * 4).div_ceil(GRAN) * GRAN;
+                // SAFETY: as above.
+                let rc = unsafe { (a.array_create)(&mut handle, &desc) };
+                ptr = handle as u64;
+                rc
+            }
+            _ => {
+                out(format!("error unknown-api={api}"));
+                std::process::exit(2);
+            }
+        };
+        let idx = self.allocs.len();
+        self.report(
+            rc,
+            format!("alloc ok ptr={ptr:#x} size={charged} rc=0 api={api} idx={idx}"),
+            format!("alloc fail rc={rc} size={charged} api={api}"),
+        );
+        if rc == 0 {
+            self.allocs.push(Alloc {
+                api: api.to_string(),
+                ptr,
+                size: charged,
+                handle,
+                freed: false,
+            });
+        }
+    }
+
+    /// cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess.
+    fn vmm_alloc(&self, n: usize, ptr: &mut u64, handle: &mut usize) -> i32 {
+        let a = &self.api;
+        let prop = AllocProp {
+            alloc_type: 1,
+            handle_types: 0,
+            location_type: DEVICE,
+            location_id: 0,
+            win32: std::ptr::null_mut(),
+            flags: [0; 8],
+        };
+        let access = AccessDesc {
+            location_type: DEVICE,
+            location_id: 0,
+            flags: 3,
+        };
+        // SAFETY: documented signatures, pointers to valid locals (all four calls).
+        unsafe {
+            step!((a.mem_create)(handle, n, &prop, 0));
+            step!((a.mem_address_reserve)(ptr, n, 0, 0, 0));
+            step!((a.mem_map)(*ptr, n, 0, *handle, 0));
+            (a.mem_set_access)(*ptr, n, &access, 1)
+        }
+    }
+
+    fn free(&mut self, idx: usize) {
+        let Some(al) = self.allocs.get(idx).filter(|al| !al.freed) else {
+            self.report(1, String::new(), format!("free fail idx={idx} rc=1"));
+            return;
+        };
+        let a = &self.api;
+        let (ptr, size, handle) = (al.ptr, al.size as usize, al.handle);
+        let rc = match al.api.as_str() {
+            // SAFETY: (all calls) documented signatures with plain values.
+            "async" | "pool" => unsafe { (a.mem_free_async)(ptr, 0) },
+            // SAFETY: as above.
+            "vmm" => (|| unsafe {
+                step!((a.mem_unmap)(ptr, size));
+                step!((a.mem_release)(handle));
+                (a.mem_address_free)(ptr, size)
+            })(),
+            // SAFETY: as above.
+            "array" => unsafe { (a.array_destroy)(handle) },
+            // SAFETY: as above.
+            _ => unsafe { (a.mem_free)(ptr) },
+        };
+        if rc == 0 {
+            self.allocs[idx].freed = true;
+        }
+        self.report(
+            rc,
+            format!("free ok idx={idx} size={size} rc=0"),
+            format!("free fail idx={idx} rc={rc}"),
+        );
+    }
+
+    fn info(&mut self) {
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers.
+        let rc = unsafe { (self.api.mem_get_info)(&mut free, &mut total) };
+        self.report(
+            rc,
+            format!("info free={free} total={total}"),
+            format!("info fail rc={rc}"),
+        );
+    }
+
+    fn function(&self, kernel: &str) -> Result<usize, i32> {
+        let (mut module, mut func) = (0usize, 0usize);
+        let name = CString::new(kernel).unwrap_or_default();
+        let image = c"simulated-module".as_ptr().cast();
+        let a = &self.api;
+        // SAFETY: documented signatures; any image gives a simulated module; valid name.
+        let rc = (|| unsafe {
+            step!((a.module_load_data)(&mut module, image));
+            (a.module_get_function)(&mut func, module, name.as_ptr())
+        })();
+        if rc == 0 { Ok(func) } else { Err(rc) }
+    }
+
+    fn launch_n(&self, func: usize, n: u64, stream: usize) -> i32 {
+        let null = std::ptr::null_mut();
+        for _ in 0..n {
+            // SAFETY: documented signature; the kernel takes no parameters.
+            let rc =
+                unsafe { (self.api.launch_kernel)(func, 1, 1, 1, 32, 1, 1, 0, stream, null, null) };
+            if rc != 0 {
+                return rc;
+            }
+        }
+        0
+    }
+
+    fn launch(&mut self, n: u64, kernel: &str) {
+        let t = Instant::now();
+        let rc = self
+            .function(kernel)
+            .and_then(|f| match self.launch_n(f, n, 0) {
+                0 => Ok(()),
+                rc => Err(rc),
+            })
+            .err()
+            .unwrap_or(0);
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        self.report(
+            rc,
+            format!("launch ok n={n} kernel={kernel} elapsed_ms={ms:.1}"),
+            format!("launch fail rc={rc} kernel={kernel}"),
+        );
+    }
+
+    fn graph(&mut self, n: u64, kernel: &str, replays: u64) {
+        let t = Instant::now();
+        let (mut stream, mut graph, mut exec) = (0usize, 0usize, 0usize);
+        let rc = match self.function(kernel) {
+            Err(rc) => rc,
+            Ok(func) => {
+                let a = &self.api;
+                // SAFETY: documented signatures; pointers to valid locals (all calls).
+                (|| unsafe {
+                    step!((a.stream_create)(&mut stream, 1));
+                    step!((a.stream_begin_capture)(stream, 0));
+                    step!(self.launch_n(func, n, stream));
+                    step!((a.stream_end_capture)(stream, &mut graph));
+                    step!((a.graph_instantiate)(&mut exec, graph, 0));
+                    for _ in 0..replays {
+                        step!((a.graph_launch)(exec, stream));
+                    }
+                    (a.stream_synchronize)(stream)
+                })()
+            }
+        };
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        self.report(
+            rc,
+            format!("graph ok n={n} kernel={kernel} replays={replays} elapsed_ms={ms:.1}"),
+            format!("graph fail rc={rc} kernel={kernel}"),
+        );
+    }
+
+    fn trim(&mut self) {
+        let a = &self.api;
+        let mut default = 0usize;
+        let pool = self.pool;
+        // SAFETY: documented signatures; pointer to a valid local (all calls).
+        let rc = (|| unsafe {
+            step!((a.default_mem_pool)(&mut default, 0));
+            step!((a.mem_pool_trim_to)(default, 0));
+            if pool == 0 {
+                0
+            } else {
+                (a.mem_pool_trim_to)(pool, 0)
+            }
+        })();
+        self.report(rc, "trim ok rc=0".into(), format!("trim fail rc={rc}"));
+    }
+
+    fn sync(&mut self) {
+        let t = Instant::now();
+        // SAFETY: no arguments.
+        let rc = unsafe { (self.api.ctx_synchronize)() };
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        self.report(
+            rc,
+            format!("sync ok elapsed_ms={ms:.1}"),
+            format!("sync fail rc={rc}"),
+        );
+    }
+}
+
+fn nvml(path: &str) -> bool {
+    let lib = match Lib::open(path) {
+        Ok(l) => l,
+        Err(e) => {
+            out(format!("nvml fail dlopen={e}"));
+            return false;
+        }
+    };
+    macro_rules! sym {
+        ($name:literal, $ty:ty) => {{
+            let p = lib.dlsym($name);
+            if p.is_null() {
+                out(format!("nvml fail missing={}", $name));
+                return false;
+            }
+            // SAFETY: NVML documents this symbol with exactly this C signature.
+            unsafe { std::mem::transmute::<Ptr, $ty>(p) }
+        }};
+    }
+    type Info = unsafe extern "C" fn(Ptr, *mut [u64; 3]) -> i32;
+    type Procs = unsafe extern "C" fn(Ptr, *mut u32, *mut [u32; 6]) -> i32;
+    type Util = unsafe extern "C" fn(Ptr, *mut [u32; 2]) -> i32;
+    type Text = unsafe extern "C" fn(Ptr, *mut c_char, u32) -> i32;
+    let init = sym!("nvmlInit_v2", unsafe extern "C" fn() -> i32);
+    let count = sym!(
+        "nvmlDeviceGetCount_v2",
+        unsafe extern "C" fn(*mut u32) -> i32
+    );
+    let by_index = sym!(
+        "nvmlDeviceGetHandleByIndex_v2",
+        unsafe extern "C" fn(u32, *mut Ptr) -> i32
+    );
+    let info = sym!("nvmlDeviceGetMemoryInfo", Info);
+    let procs = sym!("nvmlDeviceGetComputeRunningProcesses_v3", Procs);
+    let util = sym!("nvmlDeviceGetUtilizationRates", Util);
+    let uuid = sym!("nvmlDeviceGetUUID", Text);
+    // SAFETY: documented NVML signatures; all pointers are valid locals/buffers.
+    unsafe {
+        if init() != 0 {
+            out("nvml fail init".into());
+            return false;
+        }
+        let mut n = 0u32;
+        count(&mut n);
+        for d in 0..n {
+            let mut h: Ptr = std::ptr::null_mut();
+            by_index(d, &mut h);
+            let mut m = [0u64; 3];
+            info(h, &mut m);
+            let mut u = [0u32; 2];
+            util(h, &mut u);
+            let mut buf = [0 as c_char; 96];
+            uuid(h, buf.as_mut_ptr(), buf.len() as u32);
+            let id = CStr::from_ptr(buf.as_ptr()).to_string_lossy();
+            out(format!(
+                "nvml device={d} uuid={id} total={} free={} used={} util={}",
+                m[0], m[1], m[2], u[0]
+            ));
+            let mut cnt = 0u32;
+            procs(h, &mut cnt, std::ptr::null_mut());
+            let mut list = vec![[0u32; 6]; cnt as usize + 4];
+            cnt = list.len() as u32;
+            procs(h, &mut cnt, list.as_mut_ptr());
+            for p in &list[..cnt as usize] {
+                let used = u64::from(p[2]) | (u64::from(p[3]) << 32);
+                out(format!("nvml process device={d} pid={} used={used}", p[0]));
+            }
+        }
+    }
+    true
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    out(format!("pid={}", std::process::id()));
+    let mut i = 0;
+    let (mut path, mut direct, mut ptsz, mut strict) =
+        ("libcuda.so.1".to_string(), false, false, false);
+    while i < args.len() && args[i].starts_with("--") {
+        match args[i].as_str() {
+            "--lib" => {
+                i += 1;
+                path = args.get(i).cloned().unwrap_or_default();
+            }
+            "--dlsym-direct" => direct = true,
+            "--ptsz" => ptsz = true,
+            "--strict" => strict = true,
+            other => {
+                out(format!("error unknown-option={other}"));
+                std::process::exit(2);
+            }
+        }
+        i += 1;
+    }
+    let mut lib = match Lib::open(&path) {
+        Ok(l) => l,
+        Err(e) => {
+            out(format!("error dlopen={e}"));
+            std::process::exit(2);
+        }
+    };
+    lib.direct = direct;
+    lib.flags = if ptsz { 2 } else { 0 };
+    let gpa = lib.dlsym("cuGetProcAddress_v2");
+    if !gpa.is_null() {
+        // SAFETY: cuGetProcAddress_v2's documented C signature.
+        lib.gpa = Some(unsafe { fn_ptr(gpa) });
+    }
+    let init = lib.dlsym("cuInit");
+    let version = lib.dlsym("cuDriverGetVersion");
+    if init.is_null() || version.is_null() {
+        out("error missing=cuInit".into());
+        std::process::exit(2);
+    }
+    let api = Api::load(&lib);
+    let mut v = 0i32;
+    let (mut ctx, mut dev) = (0usize, 0i32);
+    // SAFETY: documented signatures (cuInit(unsigned), cuDriverGetVersion(int*)).
+    let (init, version) = unsafe {
+        (
+            std::mem::transmute::<Ptr, unsafe extern "C" fn(u32) -> i32>(init),
+            std::mem::transmute::<Ptr, unsafe extern "C" fn(*mut i32) -> i32>(version),
+        )
+    };
+    // SAFETY: documented signatures; pointers to valid locals (all calls).
+    let rc = (|| unsafe {
+        step!(init(0));
+        step!(version(&mut v));
+        step!((api.device_get)(&mut dev, 0));
+        step!((api.ctx_retain)(&mut ctx, dev));
+        (api.ctx_set_current)(ctx)
+    })();
+    out(format!("init rc={rc} driver={v}"));
+    if rc != 0 {
+        std::process::exit(1);
+    }
+    let mut d = Driver {
+        api,
+        allocs: Vec::new(),
+        pool: 0,
+        failed: false,
+    };
+    let size_arg = |s: Option<&String>| s.and_then(|s| size::parse_size(s));
+    let num_arg = |s: Option<&String>| s.and_then(|s| s.parse::<u64>().ok());
+    while i < args.len() {
+        let cmd = args[i].as_str();
+        i += 1;
+        match cmd {
+            "alloc" | "alloc-api" => {
+                let api = if cmd == "alloc" {
+                    "mem_alloc".to_string()
+                } else {
+                    i += 1;
+                    args.get(i - 1).cloned().unwrap_or_default()
+                };
+                let Some(size) = size_arg(args.get(i)) else {
+                    out(format!("error bad-size command={cmd}"));
+                    std::process::exit(2);
+                };
+                i += 1;
+                d.alloc(&api, size);
+            }
+            "free-last" => {
+                let last = d
+                    .allocs
+                    .iter()
+                    .rposition(|a| !a.freed)
+                    .unwrap_or(usize::MAX);
+                d.free(last);
+            }
+            "free" => {
+                let n = num_arg(args.get(i)).unwrap_or(u64::MAX);
+                i += 1;
+                d.free(n as usize);
+            }
+            "free-all" => {
+                for n in 0..d.allocs.len() {
+                    if !d.allocs[n].freed {
+                        d.free(n);
+                    }
+                }
+            }
+            "trim" => d.trim(),
+            "info" => d.info(),
+            "launch" | "graph" => {
+                let n = num_arg(args.get(i)).unwrap_or(1);
+                let kernel = args.get(i + 1).cloned().unwrap_or_default();
+                i += 2;
+                if cmd == "launch" {
+                    d.launch(n, &kernel);
+                } else {
+                    let replays = num_arg(args.get(i)).unwrap_or(1);
+                    i += 1;
+                    d.graph(n, &kernel, replays);
+                }
+            }
+            "sync" => d.sync(),
+            "sleep" => {
+                let ms = num_arg(args.get(i)).unwrap_or(0);
+                i += 1;
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+                out(format!("sleep ok ms={ms}"));
+            }
+            "hold" => {
+                out("ready".into());
+                let mut sink = Vec::new();
+                let _ = std::io::stdin().read_to_end(&mut sink);
+                out("hold done".into());
+            }
+            "nvml" => {
+                let p = if path == "libcuda.so.1" {
+                    "libnvidia-ml.so.1"
+                } else {
+                    &path
+                };
+                if !nvml(p) {
+                    d.failed = true;
+                }
+            }
+            other => {
+                out(format!("error unknown-command={other}"));
+                std::process::exit(2);
+            }
+        }
+    }
+    std::process::exit(i32::from(strict && d.failed));
+}

@@ -1,0 +1,115 @@
+//! Primary contexts. Creating the first context in a process claims its slot in the shared
+//! state and charges the per-device context overhead.
+
+use super::*;
+use crate::ffi::put;
+use crate::process::{CTX_BASE, ctx_dev, current_ctx, local, set_current_ctx};
+use crate::state::shared;
+use crate::timeline::sleep_until;
+use std::sync::atomic::Ordering::SeqCst;
+
+pub extern "C" fn cu_device_primary_ctx_retain(out: *mut Handle, dev: CUdevice) -> CUresult {
+    let d = match device::device_index(dev) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    if out.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let Some(s) = shared() else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
+    let mut l = local();
+    if l.slot.is_none() {
+        l.slot = s.claim_slot();
+        if l.slot.is_none() {
+            return CUDA_ERROR_OUT_OF_MEMORY; // no free process slot
+        }
+    }
+    if l.ctx_refs[d] == 0 {
+        if let Err(e) = l.charge(d, s.context_overhead()) {
+            return e;
+        }
+        if let Some(slot) = l.slot {
+            s.slot(slot).ctx_mask.fetch_or(1 << d, SeqCst);
+        }
+    }
+    l.ctx_refs[d] += 1;
+    put(out, CTX_BASE + d);
+    CUDA_SUCCESS
+}
+
+/// Dropping the last reference destroys the context: its allocations and overhead go back.
+pub extern "C" fn cu_device_primary_ctx_release(dev: CUdevice) -> CUresult {
+    let d = match device::device_index(dev) {
+        Ok(d) => d,
+        Err(e) => return e,
+    };
+    let mut l = local();
+    if l.ctx_refs[d] == 0 {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    l.ctx_refs[d] -= 1;
+    if l.ctx_refs[d] == 0 {
+        if let (Some(s), Some(slot)) = (shared(), l.slot) {
+            s.slot(slot).ctx_mask.fetch_and(!(1 << d), SeqCst);
+            s.slot(slot).used[d].store(0, SeqCst);
+        }
+        l.allocs.retain(|_, a| a.dev != d);
+        l.pools.retain(|_, p| p.dev != d);
+        l.vmm.retain(|_, h| h.dev != Some(d));
+        l.arrays.retain(|_, a| a.0 != d);
+        l.streams.retain(|_, st| st.dev != d);
+    }
+    CUDA_SUCCESS
+}
+
+pub extern "C" fn cu_ctx_get_current(out: *mut Handle) -> CUresult {
+    if !local().initialized {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    if put(out, current_ctx()) {
+        CUDA_SUCCESS
+    } else {
+        CUDA_ERROR_INVALID_VALUE
+    }
+}
+
+pub extern "C" fn cu_ctx_set_current(ctx: Handle) -> CUresult {
+    if !local().initialized {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    if ctx != 0 && ctx_dev(ctx).is_none() {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    set_current_ctx(ctx);
+    CUDA_SUCCESS
+}
+
+pub extern "C" fn cu_ctx_get_device(out: *mut CUdevice) -> CUresult {
+    let dev = local().current_dev();
+    rc(dev.and_then(|d| {
+        put(out, d as CUdevice)
+            .then_some(())
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+    }))
+}
+
+/// Waits for all work this process queued on the current device.
+pub extern "C" fn cu_ctx_synchronize() -> CUresult {
+    let until = {
+        let l = local();
+        let d = match l.current_dev() {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+        l.streams
+            .values()
+            .filter(|s| s.dev == d)
+            .map(|s| s.last_ns)
+            .max()
+            .unwrap_or(0)
+    };
+    sleep_until(until);
+    CUDA_SUCCESS
+}

@@ -1,0 +1,188 @@
+//! Virtual memory management: cuMemCreate / cuMemMap and friends.
+//!
+//! Physical memory (a `cuMemCreate` with a DEVICE location) is charged at creation and given
+//! back only once the handle has been released AND every mapping of it unmapped.
+
+use super::*;
+use crate::ffi::{get, put};
+use crate::process::{Local, VmmHandle, local};
+
+pub const GRANULARITY: u64 = 2 << 20;
+const LOCATION_DEVICE: i32 = 1;
+
+/// Head of `CUmemAllocationProp`: type, requestedHandleTypes, `CUmemLocation { type, id }`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AllocPropHead {
+    pub alloc_type: i32,
+    pub handle_types: i32,
+    pub location_type: i32,
+    pub location_id: i32,
+}
+
+pub extern "C" fn cu_mem_create(
+    out: *mut u64,
+    size: usize,
+    prop: *const AllocPropHead,
+    _flags: u64,
+) -> CUresult {
+    let Some(pr) = get(prop) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    let size = size as u64;
+    if out.is_null() || size == 0 || !size.is_multiple_of(GRANULARITY) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let dev = if pr.location_type == LOCATION_DEVICE {
+        match device::device_index(pr.location_id) {
+            Ok(d) => Some(d),
+            Err(_) => return CUDA_ERROR_INVALID_DEVICE,
+        }
+    } else {
+        None
+    };
+    let mut l = local();
+    if let Err(e) = l.current_dev() {
+        return e;
+    }
+    if let Some(d) = dev
+        && let Err(e) = l.charge(d, size)
+    {
+        return e;
+    }
+    let h = l.handle() as u64;
+    l.vmm.insert(
+        h,
+        VmmHandle {
+            dev,
+            size,
+            released: false,
+            mappings: 0,
+        },
+    );
+    put(out, h);
+    CUDA_SUCCESS
+}
+
+/// Drops a handle whose last reference went away.
+fn maybe_free(l: &mut Local, h: u64) {
+    if let Some(v) = l.vmm.get(&h)
+        && v.released
+        && v.mappings == 0
+    {
+        let (dev, size) = (v.dev, v.size);
+        l.vmm.remove(&h);
+        if let Some(d) = dev {
+            l.uncharge(d, size);
+        }
+    }
+}
+
+pub extern "C" fn cu_mem_release(h: u64) -> CUresult {
+    let mut l = local();
+    match l.vmm.get_mut(&h) {
+        Some(v) if !v.released => {
+            v.released = true;
+            maybe_free(&mut l, h);
+            CUDA_SUCCESS
+        }
+        _ => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+pub extern "C" fn cu_mem_address_reserve(
+    out: *mut CUdeviceptr,
+    size: usize,
+    align: usize,
+    _addr: CUdeviceptr,
+    _flags: u64,
+) -> CUresult {
+    let size = size as u64;
+    if out.is_null() || size == 0 || !size.is_multiple_of(GRANULARITY) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let mut l = local();
+    if let Err(e) = l.current_dev() {
+        return e;
+    }
+    let p = l.va(size, (align as u64).max(GRANULARITY));
+    l.reservations.insert(p, size);
+    put(out, p);
+    CUDA_SUCCESS
+}
+
+pub extern "C" fn cu_mem_address_free(ptr: CUdeviceptr, _size: usize) -> CUresult {
+    match local().reservations.remove(&ptr) {
+        Some(_) => CUDA_SUCCESS,
+        None => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+fn reserved(l: &Local, ptr: u64, size: u64) -> bool {
+    l.reservations
+        .range(..=ptr)
+        .next_back()
+        .is_some_and(|(&s, &len)| ptr + size <= s + len)
+}
+
+pub extern "C" fn cu_mem_map(
+    ptr: CUdeviceptr,
+    size: usize,
+    _offset: usize,
+    h: u64,
+    _flags: u64,
+) -> CUresult {
+    let size = size as u64;
+    let mut l = local();
+    if !reserved(&l, ptr, size) || l.mappings.contains_key(&ptr) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    match l.vmm.get_mut(&h) {
+        Some(v) if !v.released && size <= v.size => v.mappings += 1,
+        _ => return CUDA_ERROR_INVALID_HANDLE,
+    }
+    l.mappings.insert(ptr, (size, h));
+    CUDA_SUCCESS
+}
+
+pub extern "C" fn cu_mem_unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    let mut l = local();
+    let end = ptr + size as u64;
+    let hit: Vec<u64> = l.mappings.range(ptr..end).map(|(&p, _)| p).collect();
+    if hit.is_empty() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for p in hit {
+        if let Some((_, h)) = l.mappings.remove(&p) {
+            if let Some(v) = l.vmm.get_mut(&h) {
+                v.mappings = v.mappings.saturating_sub(1);
+            }
+            maybe_free(&mut l, h);
+        }
+    }
+    CUDA_SUCCESS
+}
+
+pub extern "C" fn cu_mem_set_access(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const u8,
+    count: usize,
+) -> CUresult {
+    let l = local();
+    if desc.is_null() || count == 0 || !reserved(&l, ptr, size as u64) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUDA_SUCCESS
+}
+
+pub extern "C" fn cu_mem_get_allocation_granularity(
+    out: *mut usize,
+    prop: *const AllocPropHead,
+    _option: i32,
+) -> CUresult {
+    if prop.is_null() || !put(out, GRANULARITY as usize) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    CUDA_SUCCESS
+}

@@ -1,0 +1,167 @@
+//! The device timeline shared by all processes, and busy-time accounting.
+//!
+//! A device executes one thing at a time: a launch of duration `d` on a stream starts at
+//! `max(now, device busy_until, stream's last completion)` and moves `busy_until` to
+//! `start + d` (CAS loop on the shared atomic). Launches return at once; synchronisation
+//! sleeps until the relevant completion time on CLOCK_MONOTONIC.
+//!
+//! Busy time is also added to rings of 100 ms buckets (device-wide and per process) from which
+//! NVML utilisation over the last second is computed.
+
+use crate::state::{DeviceRec, Slot};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+pub const BUCKET_NS: u64 = 100_000_000;
+pub const BUCKETS: usize = 128;
+/// Work scheduled further ahead than this is not recorded in the rings (it would wrap).
+const HORIZON_NS: u64 = (BUCKETS as u64 - 16) * BUCKET_NS;
+
+pub fn now_ns() -> u64 {
+    // SAFETY: zeroed timespec is valid; clock_gettime writes into it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: valid clock id and out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleeps until CLOCK_MONOTONIC reaches `t` ns.
+pub fn sleep_until(t: u64) {
+    let ts = libc::timespec {
+        tv_sec: (t / 1_000_000_000) as libc::time_t,
+        tv_nsec: (t % 1_000_000_000) as libc::c_long,
+    };
+    while now_ns() < t {
+        // SAFETY: absolute sleep on a valid clock with a valid timespec.
+        unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        };
+    }
+}
+
+/// Busy ns per 100 ms bucket; a bucket's tag is the bucket number it currently holds.
+#[repr(C)]
+pub struct BusyRing {
+    tag: [AtomicU64; BUCKETS],
+    ns: [AtomicU64; BUCKETS],
+}
+
+impl BusyRing {
+    pub fn clear(&self) {
+        for i in 0..BUCKETS {
+            self.tag[i].store(0, SeqCst);
+            self.ns[i].store(0, SeqCst);
+        }
+    }
+
+    fn add_to_bucket(&self, bucket: u64, ns: u64) {
+        let i = (bucket % BUCKETS as u64) as usize;
+        let tag = self.tag[i].load(SeqCst);
+        if tag != bucket + 1 {
+            if tag > bucket + 1 {
+                return; // the slot already holds a newer bucket
+            }
+            if self.tag[i]
+                .compare_exchange(tag, bucket + 1, SeqCst, SeqCst)
+                .is_ok()
+            {
+                self.ns[i].store(0, SeqCst);
+            }
+        }
+        self.ns[i].fetch_add(ns, SeqCst);
+    }
+
+    /// Records busy time over `[start, end)`.
+    pub fn add(&self, start: u64, end: u64, now: u64) {
+        let end = end.min(now + HORIZON_NS);
+        let mut t = start;
+        while t < end {
+            let bucket = t / BUCKET_NS;
+            let bucket_end = ((bucket + 1) * BUCKET_NS).min(end);
+            self.add_to_bucket(bucket, bucket_end - t);
+            t = bucket_end;
+        }
+    }
+
+    /// Busy fraction (0..=100) over the last full second of completed buckets.
+    pub fn percent_last_second(&self, now: u64) -> u32 {
+        let current = now / BUCKET_NS;
+        let per_sec = 1_000_000_000 / BUCKET_NS;
+        let busy: u64 = (current.saturating_sub(per_sec)..current)
+            .map(|b| {
+                let i = (b % BUCKETS as u64) as usize;
+                if self.tag[i].load(SeqCst) == b + 1 {
+                    self.ns[i].load(SeqCst)
+                } else {
+                    0
+                }
+            })
+            .sum();
+        (busy * 100 / 1_000_000_000).min(100) as u32
+    }
+}
+
+/// Schedules `dur` ns of work on a device after `not_before` (the stream's last completion).
+/// Returns (start, end).
+pub fn schedule(
+    dev: &DeviceRec,
+    slot: &Slot,
+    dev_idx: usize,
+    not_before: u64,
+    dur: u64,
+) -> (u64, u64) {
+    let now = now_ns();
+    let mut busy = dev.busy_until_ns.load(SeqCst);
+    let (start, end) = loop {
+        let start = now.max(busy).max(not_before);
+        let end = start + dur;
+        match dev
+            .busy_until_ns
+            .compare_exchange(busy, end, SeqCst, SeqCst)
+        {
+            Ok(_) => break (start, end),
+            Err(actual) => busy = actual,
+        }
+    };
+    dev.busy_total_ns.fetch_add(dur, SeqCst);
+    dev.busy.add(start, end, now);
+    slot.busy_total_ns[dev_idx].fetch_add(dur, SeqCst);
+    slot.busy[dev_idx].add(start, end, now);
+    (start, end)
+}
+
+/// Kernel duration convention: a name containing `sleep_<N>us` runs N µs, `empty` runs 2 µs,
+/// anything else 5 µs.
+pub fn kernel_duration_ns(name: &str) -> u64 {
+    let mut rest = name;
+    while let Some(pos) = rest.find("sleep_") {
+        let after = &rest[pos + 6..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0
+            && after[digits..].starts_with("us")
+            && let Ok(n) = after[..digits].parse::<u64>()
+        {
+            return n.saturating_mul(1_000);
+        }
+        rest = after;
+    }
+    if name.contains("empty") { 2_000 } else { 5_000 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_duration_ns;
+
+    #[test]
+    fn durations() {
+        assert_eq!(kernel_duration_ns("sleep_10000us"), 10_000_000);
+        assert_eq!(kernel_duration_ns("_Z13sleep_250usPf"), 250_000);
+        assert_eq!(kernel_duration_ns("empty"), 2_000);
+        assert_eq!(kernel_duration_ns("sleep_xus"), 5_000);
+        assert_eq!(kernel_duration_ns("gemm"), 5_000);
+    }
+}
