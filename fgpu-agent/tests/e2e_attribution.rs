@@ -157,3 +157,272 @@ fn status_without_an_agent_says_so() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("agent is not running"), "{err}");
 }
+
+#[test]
+fn privileged_three_cgroups_three_apis_each_exact_to_the_byte() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let cgs: Vec<Cgroup> = ["plain", "vmm", "async", "ptsz"]
+        .iter()
+        .map(|n| Cgroup::new(&unique(&format!("fgpu-e2e-{n}"))))
+        .collect();
+    // Each workload frees its third allocation: frees subtract. Sizes are odd on purpose.
+    let scripts: [(&[&str], u64); 4] = [
+        (
+            &[
+                "alloc-api",
+                "mem_alloc",
+                "300MiB",
+                "alloc-api",
+                "mem_alloc",
+                "12345",
+                "alloc-api",
+                "mem_alloc",
+                "1MiB",
+                "free",
+                "2",
+                "alloc-api",
+                "pitch",
+                "8MiB",
+                "alloc-api",
+                "managed",
+                "3MiB",
+                "hold",
+            ],
+            (300 << 20) + 12345 + (8 << 20) + (3 << 20),
+        ),
+        (
+            // VMM: cuMemCreate + reserve + map; charged once per handle, credited on release.
+            &[
+                "alloc-api",
+                "vmm",
+                "64MiB",
+                "alloc-api",
+                "vmm",
+                "32MiB",
+                "alloc-api",
+                "vmm",
+                "2MiB",
+                "free",
+                "2",
+                "hold",
+            ],
+            96 << 20,
+        ),
+        (
+            &[
+                "alloc-api",
+                "async",
+                "100MiB",
+                "alloc-api",
+                "async",
+                "7MiB",
+                "alloc-api",
+                "async",
+                "1MiB",
+                "free",
+                "2",
+                "hold",
+            ],
+            107 << 20,
+        ),
+        (
+            // The per-thread-default-stream variants (_ptsz), and a pool allocation.
+            &[
+                "--ptsz",
+                "alloc-api",
+                "async",
+                "5MiB",
+                "alloc-api",
+                "pool",
+                "3MiB",
+                "hold",
+            ],
+            8 << 20,
+        ),
+    ];
+    let mut loads = Vec::new();
+    for (cg, (args, _)) in cgs.iter().zip(scripts.iter()) {
+        let mut load = Load::spawn(cg, &state.0, args);
+        load.expect_line("ready");
+        assert!(
+            !load.lines.iter().any(|l| l.contains(" fail ")),
+            "{:?}",
+            load.lines
+        );
+        loads.push(load);
+    }
+    for (cg, (_, expected)) in cgs.iter().zip(scripts.iter()) {
+        let row = agent
+            .wait_for(cg, "exact per-cgroup total", Duration::from_secs(5), |s| {
+                s.is_some_and(|s| s["memory_used_bytes"] == *expected)
+            })
+            .unwrap();
+        assert_eq!(row["pids"].as_array().unwrap().len(), 1, "{row}");
+    }
+    for load in loads {
+        assert!(load.finish().success());
+    }
+    for cg in &cgs {
+        agent.wait_for(cg, "release at exit", Duration::from_secs(2), |s| {
+            s.is_none()
+        });
+    }
+}
+
+#[test]
+fn privileged_eight_threads_ten_thousand_pairs_each_exact_and_nothing_dropped() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-e2e-stress"));
+    let mut load = Load::spawn(
+        &cg,
+        &state.0,
+        &["alloc", "64MiB", "stress", "8", "10000", "1MiB", "hold"],
+    );
+    let line = load.expect_line("stress");
+    assert!(line.starts_with("stress ok"), "{line}");
+    load.expect_line("ready");
+    let row = agent
+        .wait_for(
+            &cg,
+            "64 MiB left after 80 000 pairs",
+            Duration::from_secs(5),
+            |s| s.is_some_and(|s| s["devices"][0]["frees"] == 80_000),
+        )
+        .unwrap();
+    assert_eq!(row["memory_used_bytes"], 64u64 << 20);
+    assert_eq!(row["devices"][0]["allocs"], 80_001);
+    let counters = &agent.detail()["counters"];
+    assert_eq!(counters["ringbuf_drops"], 0, "{counters}");
+    assert_eq!(counters["map_full"], 0, "{counters}");
+    assert!(load.finish().success());
+}
+
+#[test]
+fn privileged_a_containers_own_copy_is_found_and_each_inode_probed_once() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    // A "forward-compat" copy inside an image: same code, another path, a new inode; and a
+    // hard link to it: another path, the same inode.
+    let dir = std::env::temp_dir().join(unique("fgpu-compat"));
+    std::fs::create_dir_all(dir.join("a")).unwrap();
+    std::fs::create_dir_all(dir.join("b")).unwrap();
+    let copy = dir.join("a/libcuda.so.1");
+    let link = dir.join("b/libcuda.so.1");
+    std::fs::copy(common::sim_dir().join("libcuda.so.1"), &copy).unwrap();
+    std::fs::hard_link(&copy, &link).unwrap();
+    assert!(!agent.libraries().iter().any(|l| l.contains("fgpu-compat")));
+
+    let cg_a = Cgroup::new(&unique("fgpu-e2e-compat-a"));
+    let cg_b = Cgroup::new(&unique("fgpu-e2e-compat-b"));
+    // The library is loaded at start; the allocation waits long enough for the agent to
+    // notice the new process and attach.
+    let mut a = Load::spawn(
+        &cg_a,
+        &state.0,
+        &[
+            "--lib",
+            copy.to_str().unwrap(),
+            "sleep",
+            "2500",
+            "alloc",
+            "10MiB",
+            "hold",
+        ],
+    );
+    let mut b = Load::spawn(
+        &cg_b,
+        &state.0,
+        &[
+            "--lib",
+            link.to_str().unwrap(),
+            "sleep",
+            "2500",
+            "alloc",
+            "20MiB",
+            "hold",
+        ],
+    );
+    a.expect_line("ready");
+    b.expect_line("ready");
+    agent.wait_for(&cg_a, "copy probed", Duration::from_secs(3), |s| {
+        s.is_some_and(|s| s["memory_used_bytes"] == 10u64 << 20)
+    });
+    agent.wait_for(&cg_b, "hard link probed", Duration::from_secs(3), |s| {
+        s.is_some_and(|s| s["memory_used_bytes"] == 20u64 << 20)
+    });
+    let compat: Vec<String> = agent
+        .libraries()
+        .into_iter()
+        .filter(|l| l.contains("fgpu-compat"))
+        .collect();
+    assert_eq!(compat.len(), 1, "one inode, one attachment: {compat:?}");
+    assert!(
+        compat[0].starts_with("/proc/"),
+        "found through the process's root: {compat:?}"
+    );
+    assert!(a.finish().success());
+    assert!(b.finish().success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn privileged_hip_probes_attach_to_debians_libamdhip64_and_failed_calls_charge_nothing() {
+    if !privileged() {
+        return;
+    }
+    let hip = [
+        "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5",
+        "/lib/x86_64-linux-gnu/libamdhip64.so.5",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .expect(
+        "Debian's libamdhip64-5 is not installed (apt-get install libamdhip64-5; .ci/run does)",
+    );
+    let agent = Agent::start();
+    let before = agent.detail()["counters"]["failed_calls"].as_u64().unwrap();
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-e2e-hip"));
+    // No AMD GPU here: hipMalloc and hipFree fail. The probes must see both, charge nothing.
+    let script = format!(
+        "import ctypes, time\n\
+         lib = ctypes.CDLL('{hip}')\n\
+         time.sleep(2.5)\n\
+         p = ctypes.c_void_p()\n\
+         print('hipMalloc', lib.hipMalloc(ctypes.byref(p), ctypes.c_size_t(256 << 20)), flush=True)\n\
+         print('hipFree', lib.hipFree(p), flush=True)\n\
+         input()\n"
+    );
+    let python = common::find_python();
+    let mut load = Load::spawn_program(&cg, &state.0, &python, &["-c", &script]);
+    let malloc = load.expect_line("hipMalloc");
+    assert_ne!(malloc, "hipMalloc 0", "no AMD GPU is expected here");
+    load.expect_line("hipFree");
+    let libs = agent.libraries();
+    assert!(libs.iter().any(|l| l.contains("libamdhip64")), "{libs:?}");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while agent.detail()["counters"]["failed_calls"].as_u64().unwrap() < before + 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the failed hipMalloc/hipFree were not seen: {}",
+            agent.detail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        agent.cgroup_status(&cg).is_none(),
+        "a failed call charged something"
+    );
+    load.finish();
+}

@@ -68,7 +68,7 @@ fn record(state: &State, e: &Event) {
         None => return,
     };
     counter.fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(
+    tracing::trace!(
         kind = e.kind,
         api,
         pid = e.tgid,

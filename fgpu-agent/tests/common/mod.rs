@@ -119,7 +119,7 @@ impl Agent {
         let socket = std::env::temp_dir().join(format!("{name}.sock"));
         let log = std::env::temp_dir().join(format!("{name}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
-            .args(["agent", "--sim", "--log", "debug", "--socket"])
+            .args(["agent", "--sim", "--log", "info", "--socket"])
             .arg(&socket)
             .env("FGPU_SIM_DIR", sim_dir())
             .stdout(Stdio::null())
@@ -163,6 +163,33 @@ impl Agent {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).expect("status --json is JSON")
+    }
+
+    /// `fgpu status --json --detail`, parsed: cgroups, kernel counters, libraries.
+    pub fn detail(&self) -> serde_json::Value {
+        let out = fgpu(&[
+            "status",
+            "--json",
+            "--detail",
+            "--socket",
+            self.socket.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "fgpu status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("status --json --detail is JSON")
+    }
+
+    /// Paths of the libraries the agent has probes on.
+    pub fn libraries(&self) -> Vec<String> {
+        self.detail()["libraries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_str().unwrap().to_string())
+            .collect()
     }
 
     /// The status element of one cgroup, if it has one.
@@ -226,10 +253,16 @@ pub struct Load {
 impl Load {
     pub fn spawn(cg: &Cgroup, state: &Path, args: &[&str]) -> Self {
         let sim = sim_dir();
+        Self::spawn_program(cg, state, &sim.join("fgpu-sim-load"), args)
+    }
+
+    /// Any program, in `cg` and its own PID namespace, with the sim on LD_LIBRARY_PATH.
+    pub fn spawn_program(cg: &Cgroup, state: &Path, program: &Path, args: &[&str]) -> Self {
+        let sim = sim_dir();
         let procs = CString::new(cg.dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
         let mut cmd = Command::new("unshare");
         cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
-            .arg(sim.join("fgpu-sim-load"))
+            .arg(program)
             .args(args)
             .env("LD_LIBRARY_PATH", &sim)
             .env("FGPU_SIM_STATE", state)
@@ -312,4 +345,21 @@ impl Drop for SimState {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.0);
     }
+}
+
+/// A Python 3 interpreter for small ctypes clients.
+pub fn find_python() -> PathBuf {
+    ["python3", "/usr/bin/python3", "/usr/local/bin/python3"]
+        .iter()
+        .find_map(|p| {
+            let out = Command::new(p)
+                .arg("-c")
+                .arg("import sys; print(sys.executable)")
+                .output()
+                .ok()?;
+            out.status
+                .success()
+                .then(|| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+        })
+        .expect("python3 is needed for the HIP client")
 }

@@ -10,6 +10,8 @@
 //!   alloc SIZE | alloc-api {mem_alloc|pitch|managed|async|pool|vmm|array} SIZE
 //!   free-last | free N | free-all | trim | info | launch N KERNEL | graph N KERNEL REPLAYS
 //!   sync | sleep MS | hold | nvml
+//!   stress THREADS PAIRS SIZE   (THREADS threads × PAIRS cuMemAlloc_v2 + cuMemFree_v2 each)
+//!   bench-alloc PAIRS SIZE      (one thread; prints ns_per_pair)
 //! SIZE accepts 16GiB, 512MiB, 8GB or plain bytes.
 
 #[path = "../size.rs"]
@@ -244,6 +246,8 @@ struct ArrayDesc {
 
 struct Driver {
     api: Api,
+    /// The primary context, made current on every thread this tool starts.
+    ctx: usize,
     allocs: Vec<Alloc>,
     pool: usize,
     failed: bool,
@@ -409,6 +413,49 @@ impl Driver {
             rc,
             format!("free ok idx={idx} size={size} rc=0"),
             format!("free fail idx={idx} rc={rc}"),
+        );
+    }
+
+    /// `threads` threads each run `pairs` cuMemAlloc_v2 + cuMemFree_v2 pairs of `size` bytes;
+    /// reports failures and the mean time per pair (per thread).
+    fn alloc_free_pairs(&mut self, cmd: &str, threads: u64, pairs: u64, size: u64) {
+        let (alloc, free, set_ctx, ctx) = (
+            self.api.mem_alloc,
+            self.api.mem_free,
+            self.api.ctx_set_current,
+            self.ctx,
+        );
+        let start = Instant::now();
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let mut failed = 0u64;
+                    // SAFETY: documented driver signatures; `ptr` is a valid local.
+                    unsafe {
+                        if set_ctx(ctx) != 0 {
+                            return pairs;
+                        }
+                        for _ in 0..pairs {
+                            let mut ptr = 0u64;
+                            if alloc(&mut ptr, size as usize) != 0 || free(ptr) != 0 {
+                                failed += 1;
+                            }
+                        }
+                    }
+                    failed
+                })
+            })
+            .collect();
+        let failed: u64 = workers.into_iter().map(|w| w.join().unwrap_or(pairs)).sum();
+        let elapsed = start.elapsed();
+        let ns_per_pair = elapsed.as_nanos() as u64 / pairs.max(1);
+        self.report(
+            i32::from(failed > 0),
+            format!(
+                "{cmd} ok threads={threads} pairs={pairs} size={size} failed=0 elapsed_ms={} ns_per_pair={ns_per_pair}",
+                elapsed.as_millis()
+            ),
+            format!("{cmd} fail threads={threads} pairs={pairs} size={size} failed={failed}"),
         );
     }
 
@@ -664,6 +711,7 @@ fn main() {
     }
     let mut d = Driver {
         api,
+        ctx,
         allocs: Vec::new(),
         pool: 0,
         failed: false,
@@ -723,6 +771,21 @@ fn main() {
                 }
             }
             "sync" => d.sync(),
+            "stress" | "bench-alloc" => {
+                let threads = if cmd == "stress" {
+                    i += 1;
+                    num_arg(args.get(i - 1)).unwrap_or(1)
+                } else {
+                    1
+                };
+                let pairs = num_arg(args.get(i)).unwrap_or(0);
+                let Some(size) = size_arg(args.get(i + 1)) else {
+                    out(format!("error bad-size command={cmd}"));
+                    std::process::exit(2);
+                };
+                i += 2;
+                d.alloc_free_pairs(cmd, threads, pairs, size);
+            }
             "sleep" => {
                 let ms = num_arg(args.get(i)).unwrap_or(0);
                 i += 1;
