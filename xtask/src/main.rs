@@ -1,5 +1,6 @@
 //! `cargo xtask`: build, run, test and bundle fgpu. `cargo xtask --help` lists the tasks.
 
+mod bench;
 mod bpf;
 mod build;
 mod bundle;
@@ -25,6 +26,9 @@ enum Task {
     Run(run::RunArgs),
     /// Everything CI checks: fmt, clippy, the eBPF object, unit and privileged end-to-end tests.
     Test(test::TestArgs),
+    /// Kernel-accounting benchmark on the simulated driver: cost per alloc/free pair with the
+    /// probes attached, and events per second without loss (needs root).
+    Bench(bench::BenchArgs),
     /// Rebuild fgpu-ebpf/out/fgpu.bpf.o from the C sources with clang-19 (`--check`: compare only).
     Bpf(bpf::BpfArgs),
     /// Stripped release binaries, the simulated driver and the GPU scripts in one folder
@@ -37,6 +41,7 @@ fn main() -> std::process::ExitCode {
         Task::Build => build::release().map(|_| ()),
         Task::Run(args) => run::run(&args),
         Task::Test(args) => test::run(&args),
+        Task::Bench(args) => bench::run(&args),
         Task::Bpf(args) => bpf::run(&args),
         Task::DeviceBundle(args) => bundle::run(&args),
     };
