@@ -57,12 +57,14 @@ fn record(state: &State, e: &Event) {
             return;
         }
         Some(EventKind::Exit) => {
-            tracing::info!(
-                pid = e.tgid,
-                cgroup_id = e.cgroup_id,
-                released = e.size,
-                "process exited holding GPU memory; released"
-            );
+            if e.size > 0 {
+                tracing::info!(
+                    pid = e.tgid,
+                    cgroup_id = e.cgroup_id,
+                    released = e.size,
+                    "process exited holding GPU memory; released"
+                );
+            }
             &state.events.exits
         }
         None => return,
