@@ -45,7 +45,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.sim {
         println!(
             "try it from another shell:\n  \
-             {sim}/fgpu-sim-load --lib {sim}/libcuda.so.1 alloc 256MiB alloc 256MiB hold &\n  \
+             {sim}/fgpu-sim-load --lib {sim}/libcuda.so.1 alloc 256MiB alloc 256MiB sleep 60000 &\n  \
              sudo {fgpu} status",
             sim = sim_dir().display(),
             fgpu = fgpu.display()
