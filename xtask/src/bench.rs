@@ -25,7 +25,9 @@ pub struct BenchArgs {
 
 pub fn run(args: &BenchArgs) -> Result<()> {
     if !is_root() {
-        bail!("the benchmark starts the agent, which loads eBPF programs: run as root (`sudo -E cargo xtask bench`)");
+        bail!(
+            "the benchmark starts the agent, which loads eBPF programs: run as root (`sudo -E cargo xtask bench`)"
+        );
     }
     let release_dir = release()?;
     let state = PathBuf::from(format!("/dev/shm/fgpu-bench-{}", std::process::id()));
@@ -74,9 +76,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let _ = std::fs::remove_file(&state);
 
     println!("\n| measure | value |\n|---|---|");
-    println!("| alloc+free pair, no agent | {:.2} µs |", without as f64 / 1000.0);
-    println!("| alloc+free pair, probes attached | {:.2} µs |", with as f64 / 1000.0);
-    println!("| added per pair | {:.2} µs |", (with as f64 - without as f64) / 1000.0);
+    println!(
+        "| alloc+free pair, no agent | {:.2} µs |",
+        without as f64 / 1000.0
+    );
+    println!(
+        "| alloc+free pair, probes attached | {:.2} µs |",
+        with as f64 / 1000.0
+    );
+    println!(
+        "| added per pair | {:.2} µs |",
+        (with as f64 - without as f64) / 1000.0
+    );
     println!("| events (8 threads, {events} events) | {rate:.0} events/s, {dropped} dropped |");
     if dropped > 0 {
         bail!("{dropped} events were dropped");
@@ -87,7 +98,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
 /// The number after `name=` in fgpu-sim-load output.
 fn field(text: &str, name: &str) -> Option<u64> {
     let at = text.find(&format!("{name}="))? + name.len() + 1;
-    text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    text[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 struct AgentProcess {
@@ -113,7 +128,11 @@ impl AgentProcess {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(Self { child, fgpu: fgpu.to_path_buf(), socket })
+        Ok(Self {
+            child,
+            fgpu: fgpu.to_path_buf(),
+            socket,
+        })
     }
 
     fn dropped(&self) -> Result<u64> {
