@@ -1,6 +1,7 @@
 //! `fgpu`: the node agent (`fgpu agent`) and the command line that talks to it.
 
 mod agent;
+mod api;
 mod cli;
 mod status;
 
@@ -33,6 +34,8 @@ enum Command {
     Agent(agent::AgentArgs),
     /// Show GPU memory use per cgroup, as the kernel saw it.
     Status(cli::status::StatusArgs),
+    /// Set, show and remove per-cgroup GPU limits (memory, compute share).
+    Limit(cli::limit::LimitArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -40,6 +43,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Agent(args) => agent::run(args),
         Command::Status(args) => cli::status::run(&args),
+        Command::Limit(args) => cli::limit::run(&args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -402,7 +402,7 @@ fn privileged_hip_probes_attach_to_debians_libamdhip64_and_failed_calls_charge_n
          p = ctypes.c_void_p()\n\
          print('hipMalloc', lib.hipMalloc(ctypes.byref(p), ctypes.c_size_t(256 << 20)), flush=True)\n\
          print('hipFree', lib.hipFree(p), flush=True)\n\
-         input()\n"
+         import sys; sys.stdin.read()\n"
     );
     let python = common::find_python();
     let mut load = Load::spawn_program(&cg, &state.0, &python, &["-c", &script]);

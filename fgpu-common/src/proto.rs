@@ -24,8 +24,23 @@ pub const MAX_PAYLOAD: usize = 16 << 20;
 pub enum Kind {
     /// CLI → agent: report usage per cgroup. Empty payload.
     StatusRequest = 1,
+    /// CLI → agent: set (merge) a cgroup's limit. JSON `{target, limit}`.
+    LimitSet = 2,
+    /// CLI → agent: a cgroup's own and effective limit. JSON `{target}`.
+    LimitGet = 3,
+    /// CLI → agent: every explicitly set limit. Empty payload.
+    LimitList = 4,
+    /// CLI → agent: remove a cgroup's own limit. JSON `{target}`.
+    LimitRemove = 5,
+    /// Shim → agent: "I am starting"; the agent identifies the peer by SO_PEERCRED.
+    Hello = 16,
     /// Agent → CLI: the status, a JSON array (see `fgpu status --json`).
     StatusReply = 0x8001,
+    /// Agent → CLI: one limit entry, or an array of them (JSON).
+    LimitReply = 0x8002,
+    /// Agent → shim: the ledger of the shim's cgroup; file descriptors ride along
+    /// (SCM_RIGHTS). Payload: the cgroup path (UTF-8).
+    LedgerReply = 0x8010,
     /// Agent → any: the request failed; payload is a UTF-8 message for people.
     Error = 0xffff,
 }
@@ -34,7 +49,14 @@ impl Kind {
     fn from_raw(raw: u16) -> Option<Self> {
         match raw {
             1 => Some(Self::StatusRequest),
+            2 => Some(Self::LimitSet),
+            3 => Some(Self::LimitGet),
+            4 => Some(Self::LimitList),
+            5 => Some(Self::LimitRemove),
+            16 => Some(Self::Hello),
             0x8001 => Some(Self::StatusReply),
+            0x8002 => Some(Self::LimitReply),
+            0x8010 => Some(Self::LedgerReply),
             0xffff => Some(Self::Error),
             _ => None,
         }
@@ -155,6 +177,16 @@ mod tests {
         assert_eq!(Frame::decode(&mut b), Err(ProtoError::Version(9)));
         let mut b = BytesMut::from(&b"FGPU\x01\x00\x07\x00\x00\x00\x00\x00"[..]);
         assert_eq!(Frame::decode(&mut b), Err(ProtoError::UnknownKind(7)));
+        for kind in [
+            Kind::LimitSet,
+            Kind::Hello,
+            Kind::LedgerReply,
+            Kind::LimitReply,
+        ] {
+            let mut wire = BytesMut::new();
+            Frame::new(kind, Bytes::new()).encode(&mut wire).unwrap();
+            assert_eq!(Frame::decode(&mut wire).unwrap().unwrap().kind, kind);
+        }
         let mut b = BytesMut::from(&b"FGPU\x01\x00\x01\x00\xff\xff\xff\xff"[..]);
         assert!(matches!(
             Frame::decode(&mut b),

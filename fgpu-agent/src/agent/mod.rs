@@ -5,13 +5,17 @@
 //! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
 
 mod cgroups;
+mod control;
 mod discovery;
 mod events;
+mod gpus;
 mod kernel;
+mod limits;
 mod preflight;
 mod probes;
 mod report;
 mod server;
+mod targets;
 mod watcher;
 
 use std::path::PathBuf;
@@ -29,6 +33,14 @@ pub struct AgentArgs {
     /// Control socket to serve (root-only).
     #[arg(long, value_name = "PATH", default_value = crate::DEFAULT_SOCKET)]
     socket: PathBuf,
+
+    /// Where limits are kept across restarts.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/fgpu")]
+    state_dir: PathBuf,
+
+    /// Besides root, members of this group may use the control requests (status, limits).
+    #[arg(long, value_name = "GROUP")]
+    socket_group: Option<String>,
 
     /// A driver library to probe besides the ones found on the host (repeatable), e.g. a
     /// container's forward-compatibility copy of libcuda.so.1.
@@ -52,6 +64,19 @@ pub fn run(args: AgentArgs) -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let host = preflight::check()?;
+    let limits = limits::LimitStore::open(&args.state_dir)?;
+    let access = control::Access {
+        group_gid: args.socket_group.as_deref().map(group_id).transpose()?,
+        group_name: args.socket_group.clone(),
+    };
+    let gpus = gpus::Gpus::open(
+        if args.sim {
+            Some(sim_dir()?.join("libnvidia-ml.so.1"))
+        } else {
+            None
+        }
+        .as_deref(),
+    );
     let mut probes = probes::Probes::load()?;
     let kernel = kernel::KernelMaps::take(&mut probes.ebpf)?;
     let ring = events::ring(&mut probes.ebpf)?;
@@ -86,7 +111,11 @@ pub fn run(args: AgentArgs) -> Result<()> {
         .context("starting the library watcher")?;
 
     let state = Arc::new(report::State {
+        cgroup2_mount: host.cgroup2_mount.clone(),
         kernel: Mutex::new(kernel),
+        limits: Mutex::new(limits),
+        gpus,
+        access,
         names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
         libraries,
         events: events::EventCounts::default(),
@@ -149,4 +178,16 @@ fn sim_dir() -> Result<PathBuf> {
         );
     }
     Ok(dir)
+}
+
+/// The gid of a group name, from /etc/group.
+fn group_id(name: &str) -> Result<u32> {
+    let groups = std::fs::read_to_string("/etc/group").context("reading /etc/group")?;
+    groups
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split(':');
+            (f.next() == Some(name)).then(|| f.nth(1)?.parse().ok())?
+        })
+        .with_context(|| format!("--socket-group {name}: no such group in /etc/group"))
 }

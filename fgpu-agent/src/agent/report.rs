@@ -4,13 +4,22 @@ use std::collections::BTreeMap;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
+use std::path::PathBuf;
+
 use super::cgroups::CgroupNames;
+use super::control::Access;
 use super::events::EventCounts;
+use super::gpus::Gpus;
 use super::kernel::{KernelMaps, Snapshot};
+use super::limits::LimitStore;
 use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
 
 pub struct State {
+    pub cgroup2_mount: PathBuf,
     pub kernel: Mutex<KernelMaps>,
+    pub limits: Mutex<LimitStore>,
+    pub gpus: Gpus,
+    pub access: Access,
     pub names: Mutex<CgroupNames>,
     /// Driver libraries the probes are attached to.
     pub libraries: Arc<Mutex<Vec<String>>>,
@@ -24,6 +33,10 @@ impl State {
         let snap = self.kernel.lock().expect("kernel maps lock").snapshot();
         let mut names = self.names.lock().expect("cgroup names lock");
         let mut report = build(&snap, |id| names.path_of(id));
+        let limits = self.limits.lock().expect("limits lock");
+        for row in &mut report.cgroups {
+            row.memory_limit_bytes = limits.effective(&row.cgroup).0.memory_bytes;
+        }
         report.libraries = self.libraries.lock().expect("libraries lock").clone();
         report
     }

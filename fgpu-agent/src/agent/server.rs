@@ -10,9 +10,14 @@ use fgpu_common::proto::{Frame, Kind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
+use super::control::{self, Peer};
 use super::report::State;
 
-/// Binds the socket, refusing to take over from a running agent; root-only (0600).
+/// Binds the socket, refusing to take over from a running agent.
+///
+/// The socket is connectable by everyone (0666) because shims inside containers, running as
+/// any user, introduce themselves on it; every control request is authorised by the peer's
+/// credentials (SO_PEERCRED) in [`control::answer`].
 pub fn bind(path: &Path) -> Result<UnixListener> {
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
         bail!(
@@ -26,7 +31,7 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
     let _ = std::fs::remove_file(path); // a stale socket from an agent that died
     let listener =
         UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     Ok(listener)
 }
 
@@ -43,6 +48,12 @@ pub async fn serve(listener: UnixListener, state: Arc<State>) -> Result<()> {
 }
 
 async fn handle(mut stream: UnixStream, state: &State) -> Result<()> {
+    let cred = stream.peer_cred()?;
+    let peer = Peer {
+        pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
+        uid: cred.uid(),
+        gid: cred.gid(),
+    };
     let mut buf = BytesMut::with_capacity(4096);
     loop {
         let frame = loop {
@@ -58,13 +69,7 @@ async fn handle(mut stream: UnixStream, state: &State) -> Result<()> {
                 return Ok(());
             }
         };
-        let answer = match frame.kind {
-            Kind::StatusRequest => {
-                let report = state.report();
-                Frame::new(Kind::StatusReply, serde_json::to_vec(&report)?)
-            }
-            other => Frame::new(Kind::Error, format!("unexpected request {other:?}")),
-        };
+        let answer = control::answer(state, peer, &frame);
         reply(&mut stream, answer).await?;
     }
 }

@@ -1,4 +1,5 @@
 //! The command line's side: talking to the agent and printing what it says.
 
 pub mod client;
+pub mod limit;
 pub mod status;

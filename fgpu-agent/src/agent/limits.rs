@@ -1,0 +1,224 @@
+//! Limits per cgroup, persisted in the state directory.
+//!
+//! A limit belongs to a cgroup and is inherited by its descendants unless they have their
+//! own, field by field: a child with only a compute share still gets its parent's memory
+//! limit. The file is rewritten atomically (temporary file, fsync, rename) on every change,
+//! and a change that cannot be persisted is not applied.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::api::Limit;
+
+pub const FILE: &str = "limits.json";
+
+#[derive(Debug)]
+pub struct LimitStore {
+    file: PathBuf,
+    limits: BTreeMap<String, Limit>,
+}
+
+impl LimitStore {
+    /// Opens (creating if needed) the store in `state_dir`. A file that cannot be read is an
+    /// error, not an empty store: starting without the operator's limits would lift them.
+    pub fn open(state_dir: &Path) -> Result<Self> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(state_dir)
+            .with_context(|| format!("creating the state directory {}", state_dir.display()))?;
+        let file = state_dir.join(FILE);
+        let limits = match std::fs::read(&file) {
+            Ok(bytes) => serde_json::from_slice(&bytes).with_context(|| {
+                format!(
+                    "{} is not a valid limits file; fix or move it away (limits it holds \
+                     would otherwise be lost)",
+                    file.display()
+                )
+            })?,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(err) => {
+                return Err(err).with_context(|| format!("reading {}", file.display()));
+            }
+        };
+        Ok(Self { file, limits })
+    }
+
+    /// The limit set on exactly this cgroup.
+    pub fn own(&self, cgroup: &str) -> Option<&Limit> {
+        self.limits.get(cgroup)
+    }
+
+    /// Every explicitly set limit, by cgroup path.
+    pub fn all(&self) -> impl Iterator<Item = (&String, &Limit)> {
+        self.limits.iter()
+    }
+
+    /// The limit that applies to `cgroup`: each field from the nearest of the cgroup and its
+    /// ancestors that sets it. Returns the limit and where its memory limit comes from.
+    pub fn effective(&self, cgroup: &str) -> (Limit, Option<String>) {
+        let mut out = Limit::default();
+        let mut memory_from = None;
+        for path in ancestors(cgroup) {
+            let Some(l) = self.limits.get(path) else {
+                continue;
+            };
+            if out.memory_bytes.is_none() && l.memory_bytes.is_some() {
+                out.memory_bytes = l.memory_bytes;
+                memory_from = Some(path.to_string());
+            }
+            out.compute_pct = out.compute_pct.or(l.compute_pct);
+            out.compute_cap_pct = out.compute_cap_pct.or(l.compute_cap_pct);
+        }
+        (out, memory_from)
+    }
+
+    /// Sets the given fields of `cgroup`'s limit (others keep their value). Persisted before
+    /// it takes effect; returns the cgroup's new own limit.
+    pub fn set(&mut self, cgroup: &str, update: &Limit) -> Result<Limit> {
+        let mut next = self.limits.clone();
+        let entry = next.entry(cgroup.to_string()).or_default();
+        entry.memory_bytes = update.memory_bytes.or(entry.memory_bytes);
+        entry.compute_pct = update.compute_pct.or(entry.compute_pct);
+        entry.compute_cap_pct = update.compute_cap_pct.or(entry.compute_cap_pct);
+        let result = entry.clone();
+        self.commit(next)?;
+        Ok(result)
+    }
+
+    /// Removes `cgroup`'s own limit; returns it, or `None` if it had none.
+    pub fn remove(&mut self, cgroup: &str) -> Result<Option<Limit>> {
+        let mut next = self.limits.clone();
+        let removed = next.remove(cgroup);
+        if removed.is_some() {
+            self.commit(next)?;
+        }
+        Ok(removed)
+    }
+
+    fn commit(&mut self, next: BTreeMap<String, Limit>) -> Result<()> {
+        let tmp = self.file.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(&next)?;
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.file)?;
+            if let Some(dir) = self.file.parent() {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        };
+        write().with_context(|| format!("saving limits to {}", self.file.display()))?;
+        self.limits = next;
+        Ok(())
+    }
+}
+
+/// `/a/b/c`, `/a/b`, `/a`, `/`.
+fn ancestors(cgroup: &str) -> impl Iterator<Item = &str> {
+    let mut next = Some(cgroup);
+    std::iter::from_fn(move || {
+        let cur = next?;
+        next = match cur.rfind('/') {
+            Some(0) if cur.len() > 1 => Some("/"),
+            Some(0) | None => None,
+            Some(i) => Some(&cur[..i]),
+        };
+        Some(cur)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!("fgpu-limits-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn mem(bytes: u64) -> Limit {
+        Limit {
+            memory_bytes: Some(bytes),
+            ..Limit::default()
+        }
+    }
+
+    #[test]
+    fn ancestors_walk_to_the_root() {
+        assert_eq!(
+            ancestors("/a/b/c").collect::<Vec<_>>(),
+            ["/a/b/c", "/a/b", "/a", "/"]
+        );
+        assert_eq!(ancestors("/").collect::<Vec<_>>(), ["/"]);
+    }
+
+    #[test]
+    fn survives_a_restart_and_children_inherit_field_by_field() {
+        let d = dir();
+        let mut s = LimitStore::open(&d).unwrap();
+        s.set("/team", &mem(2 << 30)).unwrap();
+        s.set(
+            "/team/job",
+            &Limit {
+                compute_pct: Some(30),
+                ..Limit::default()
+            },
+        )
+        .unwrap();
+        drop(s);
+
+        let s = LimitStore::open(&d).unwrap();
+        let (eff, from) = s.effective("/team/job/worker");
+        assert_eq!(eff.memory_bytes, Some(2 << 30));
+        assert_eq!(eff.compute_pct, Some(30));
+        assert_eq!(from.as_deref(), Some("/team"));
+        assert_eq!(s.effective("/other").0, Limit::default());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn set_merges_and_remove_forgets() {
+        let d = dir();
+        let mut s = LimitStore::open(&d).unwrap();
+        s.set("/a", &mem(1 << 30)).unwrap();
+        let merged = s
+            .set(
+                "/a",
+                &Limit {
+                    compute_cap_pct: Some(50),
+                    ..Limit::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(merged.memory_bytes, Some(1 << 30));
+        assert_eq!(merged.compute_cap_pct, Some(50));
+        assert!(s.remove("/a").unwrap().is_some());
+        assert!(s.remove("/a").unwrap().is_none());
+        assert!(LimitStore::open(&d).unwrap().own("/a").is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_corrupt_file_is_an_error_not_an_empty_store() {
+        let d = dir();
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(FILE), b"{ not json").unwrap();
+        let err = LimitStore::open(&d).unwrap_err().to_string();
+        assert!(err.contains("not a valid limits file"), "{err}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

@@ -1,0 +1,198 @@
+//! `fgpu limit set|get|ls|rm`: per-cgroup limits, kept by the agent.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use fgpu_common::proto::Kind;
+use fgpu_common::quantity::{Size, parse_percent, parse_size};
+
+use crate::api::{Limit, LimitEntry, LimitSetRequest, TargetRequest};
+
+const TARGET_HELP: &str = "A cgroup v2 path (/sys/fs/cgroup/..., /kubepods.slice/..., or \
+                           relative to the cgroup root) or pid:PID (that process's cgroup)";
+
+#[derive(Debug, Args)]
+pub struct LimitArgs {
+    #[command(subcommand)]
+    command: LimitCommand,
+
+    /// The agent's control socket [default: $FGPU_SOCKET or /run/fgpu/fgpu.sock].
+    #[arg(long, value_name = "PATH", global = true)]
+    socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum LimitCommand {
+    /// Set a cgroup's limits (given fields only; others keep their value). The limit covers
+    /// all processes of the cgroup and its descendants together and applies at once to
+    /// processes already running.
+    Set {
+        #[arg(help = TARGET_HELP)]
+        target: String,
+        /// GPU memory, e.g. 8GiB, 512MiB, 8GB (decimal) or bytes.
+        #[arg(long, value_name = "SIZE", value_parser = size)]
+        memory: Option<u64>,
+        /// Guaranteed share of the GPU's compute time, e.g. 30%.
+        #[arg(long, value_name = "PCT", value_parser = pct)]
+        compute: Option<u8>,
+        /// Hard ceiling on compute time, never exceeded even on an idle GPU, e.g. 50%.
+        #[arg(long, value_name = "PCT", value_parser = pct)]
+        compute_cap: Option<u8>,
+    },
+    /// Show the limits that apply to a cgroup (its own, or inherited from an ancestor).
+    Get {
+        #[arg(help = TARGET_HELP)]
+        target: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List every cgroup with limits of its own.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a cgroup's own limits (it then inherits its ancestors', if any).
+    Rm {
+        #[arg(help = TARGET_HELP)]
+        target: String,
+    },
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+fn pct(s: &str) -> Result<u8, String> {
+    parse_percent(s).map_err(|e| e.to_string())
+}
+
+pub fn run(args: &LimitArgs) -> Result<()> {
+    let socket = crate::socket_path(args.socket.clone());
+    let ask = |kind: Kind, body: Vec<u8>| {
+        super::client::request(&socket, kind, Bytes::from(body), Kind::LimitReply)
+    };
+    match &args.command {
+        LimitCommand::Set {
+            target,
+            memory,
+            compute,
+            compute_cap,
+        } => {
+            if memory.is_none() && compute.is_none() && compute_cap.is_none() {
+                anyhow::bail!("nothing to set: give --memory, --compute or --compute-cap");
+            }
+            let req = LimitSetRequest {
+                target: target.clone(),
+                limit: Limit {
+                    memory_bytes: *memory,
+                    compute_pct: *compute,
+                    compute_cap_pct: *compute_cap,
+                },
+            };
+            let entry: LimitEntry = parse(&ask(Kind::LimitSet, serde_json::to_vec(&req)?)?)?;
+            print!("{}", table(&[entry]));
+        }
+        LimitCommand::Get { target, json } => {
+            let req = TargetRequest {
+                target: target.clone(),
+            };
+            let entry: LimitEntry = parse(&ask(Kind::LimitGet, serde_json::to_vec(&req)?)?)?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&entry)?);
+            } else {
+                print!("{}", table(&[entry]));
+            }
+        }
+        LimitCommand::Ls { json } => {
+            let entries: Vec<LimitEntry> = parse(&ask(Kind::LimitList, Vec::new())?)?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&entries)?);
+            } else if entries.is_empty() {
+                println!("(no limits set)");
+            } else {
+                print!("{}", table(&entries));
+            }
+        }
+        LimitCommand::Rm { target } => {
+            let req = TargetRequest {
+                target: target.clone(),
+            };
+            let entry: LimitEntry = parse(&ask(Kind::LimitRemove, serde_json::to_vec(&req)?)?)?;
+            println!("removed the limits of {}", entry.cgroup);
+            if entry.effective != Limit::default() {
+                print!("{}", table(&[entry]));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn parse<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T> {
+    serde_json::from_slice(payload).context("the agent's reply is not valid")
+}
+
+/// Columns: cgroup, memory, compute, cap; inherited values are marked with where they come from.
+pub fn table(entries: &[LimitEntry]) -> String {
+    let width = entries
+        .iter()
+        .map(|e| e.cgroup.len())
+        .chain([6])
+        .max()
+        .unwrap_or(6);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<width$}  {:>10}  {:>8}  {:>8}  NOTE",
+        "CGROUP", "MEMORY", "COMPUTE", "CAP"
+    );
+    for e in entries {
+        let memory = e
+            .effective
+            .memory_bytes
+            .map_or("-".into(), |b| Size(b).to_string());
+        let compute = e
+            .effective
+            .compute_pct
+            .map_or("-".into(), |p| format!("{p}%"));
+        let cap = e
+            .effective
+            .compute_cap_pct
+            .map_or("-".into(), |p| format!("{p}%"));
+        let note = match &e.memory_limit_from {
+            Some(from) if *from != e.cgroup => format!("memory inherited from {from}"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<width$}  {memory:>10}  {compute:>8}  {cap:>8}  {note}",
+            e.cgroup
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_marks_inherited_limits() {
+        let e = LimitEntry {
+            cgroup: "/team/job".into(),
+            own: Limit::default(),
+            effective: Limit {
+                memory_bytes: Some(1 << 30),
+                compute_pct: Some(30),
+                compute_cap_pct: None,
+            },
+            memory_limit_from: Some("/team".into()),
+        };
+        let t = table(&[e]);
+        assert!(t.contains("1GiB"), "{t}");
+        assert!(t.contains("30%"), "{t}");
+        assert!(t.contains("memory inherited from /team"), "{t}");
+    }
+}
