@@ -17,6 +17,10 @@ pub struct CgroupStatus {
     pub memory_limit_bytes: Option<u64>,
     /// Allocations refused because they would have crossed the limit.
     pub alloc_denied: u64,
+    /// Times the kernel backstop found the cgroup over its limit (a process that bypassed
+    /// the shim), and killed the process or reported it, per `--on-exceed`.
+    #[serde(default)]
+    pub over_limit_actions: u64,
     /// The same usage per device.
     pub devices: Vec<DeviceUsage>,
 }

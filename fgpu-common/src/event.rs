@@ -167,7 +167,8 @@ pub struct Event {
     pub api: u32,
     pub device: u32,
     pub result: i32,
-    pub reserved: u64,
+    /// The (cgroup, device) total right after this event (allocations and frees).
+    pub cgroup_bytes: u64,
 }
 
 impl Event {
@@ -229,7 +230,7 @@ const _: () = {
     assert!(offset_of!(Event, api) == 44);
     assert!(offset_of!(Event, device) == 48);
     assert!(offset_of!(Event, result) == 52);
-    assert!(offset_of!(Event, reserved) == 56);
+    assert!(offset_of!(Event, cgroup_bytes) == 56);
     assert!(size_of::<CgroupKey>() == 16);
     assert!(offset_of!(CgroupKey, device) == 8);
     assert!(size_of::<CgroupUsage>() == 24);

@@ -11,5 +11,6 @@
 
 pub mod cgroup;
 pub mod event;
+pub mod ledger;
 pub mod proto;
 pub mod quantity;

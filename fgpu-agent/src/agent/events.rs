@@ -49,7 +49,10 @@ pub async fn drain(ring: RingBuf<MapData>, state: Arc<State>) -> Result<()> {
 fn record(state: &State, e: &Event) {
     let api = ApiId::from_raw(e.api).map_or("-", ApiId::name);
     let counter = match EventKind::from_raw(e.kind) {
-        Some(EventKind::Alloc) => &state.events.allocs,
+        Some(EventKind::Alloc) => {
+            state.backstop.check(state, e);
+            &state.events.allocs
+        }
         Some(EventKind::Free) => &state.events.frees,
         Some(EventKind::Exec) => {
             // The watcher may be gone only while the agent shuts down.

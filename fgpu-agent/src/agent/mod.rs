@@ -4,6 +4,7 @@
 //! driver libraries ([`discovery`], [`probes`]), then serve the control socket
 //! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
 
+mod backstop;
 mod cgroups;
 mod control;
 mod discovery;
@@ -52,6 +53,11 @@ pub struct AgentArgs {
     /// for tests on machines without a GPU.
     #[arg(long)]
     sim: bool,
+
+    /// What to do when the kernel sees a cgroup over its memory limit (an allocation that
+    /// bypassed the shim): kill the process that allocated, or only report it.
+    #[arg(long, value_enum, default_value = "kill")]
+    on_exceed: backstop::OnExceed,
 
     /// Log filter (tracing's EnvFilter syntax), e.g. `info`, `debug`, `fgpu=debug`.
     #[arg(long, value_name = "FILTER", default_value = "info", env = "FGPU_LOG")]
@@ -116,6 +122,8 @@ pub fn run(args: AgentArgs) -> Result<()> {
         limits: Mutex::new(limits),
         gpus,
         access,
+        backstop: backstop::Backstop::default(),
+        on_exceed: args.on_exceed,
         names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
         libraries,
         events: events::EventCounts::default(),

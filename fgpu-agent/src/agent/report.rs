@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use std::path::PathBuf;
 
+use super::backstop::{Backstop, OnExceed};
 use super::cgroups::CgroupNames;
 use super::control::Access;
 use super::events::EventCounts;
@@ -20,6 +21,8 @@ pub struct State {
     pub limits: Mutex<LimitStore>,
     pub gpus: Gpus,
     pub access: Access,
+    pub backstop: Backstop,
+    pub on_exceed: OnExceed,
     pub names: Mutex<CgroupNames>,
     /// Driver libraries the probes are attached to.
     pub libraries: Arc<Mutex<Vec<String>>>,
@@ -36,6 +39,7 @@ impl State {
         let limits = self.limits.lock().expect("limits lock");
         for row in &mut report.cgroups {
             row.memory_limit_bytes = limits.effective(&row.cgroup).0.memory_bytes;
+            row.over_limit_actions = self.backstop.actions(row.cgroup_id);
         }
         report.libraries = self.libraries.lock().expect("libraries lock").clone();
         report
@@ -54,6 +58,7 @@ pub fn build(snap: &Snapshot, mut path_of: impl FnMut(u64) -> Option<String>) ->
             memory_used_bytes: 0,
             memory_limit_bytes: None,
             alloc_denied: 0,
+            over_limit_actions: 0,
             devices: Vec::new(),
         })
     }

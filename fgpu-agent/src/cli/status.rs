@@ -122,6 +122,7 @@ mod tests {
                 memory_used_bytes: 805_306_368,
                 memory_limit_bytes: Some(1 << 30),
                 alloc_denied: 2,
+                over_limit_actions: 0,
                 devices: vec![],
             }],
             counters: KernelCounters {

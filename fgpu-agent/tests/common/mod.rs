@@ -111,22 +111,43 @@ pub struct Agent {
     child: Child,
     pub socket: PathBuf,
     pub log: PathBuf,
+    pub state_dir: PathBuf,
 }
 
 impl Agent {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts an agent with its own socket and state directory, plus `extra` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
+        let name = unique("fgpu-agent");
+        let state_dir = std::env::temp_dir().join(format!("{name}.state"));
+        Self::start_in(&state_dir, extra)
+    }
+
+    /// Starts an agent on an existing state directory (a restart).
+    pub fn start_in(state_dir: &Path, extra: &[&str]) -> Self {
         let name = unique("fgpu-agent");
         let socket = std::env::temp_dir().join(format!("{name}.sock"));
         let log = std::env::temp_dir().join(format!("{name}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
             .args(["agent", "--sim", "--log", "info", "--socket"])
             .arg(&socket)
+            .arg("--state-dir")
+            .arg(state_dir)
+            .args(extra)
             .env("FGPU_SIM_DIR", sim_dir())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("starting fgpu agent");
-        let mut agent = Self { child, socket, log };
+        let mut agent = Self {
+            child,
+            socket,
+            log,
+            state_dir: state_dir.to_path_buf(),
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::os::unix::net::UnixStream::connect(&agent.socket).is_err() {
             if let Ok(Some(status)) = agent.child.try_wait() {
@@ -147,6 +168,13 @@ impl Agent {
 
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs `fgpu ARGS... --socket <this agent>`.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--socket", self.socket.to_str().unwrap()]);
+        fgpu(&all)
     }
 
     /// `fgpu status --json`, parsed.
@@ -315,6 +343,11 @@ impl Load {
     /// Ends `hold` by closing stdin, and waits for the exit status.
     pub fn finish(mut self) -> std::process::ExitStatus {
         drop(self.child.stdin.take());
+        self.child.wait().unwrap()
+    }
+
+    /// Waits for the program to end by itself (stdin stays open).
+    pub fn wait(&mut self) -> std::process::ExitStatus {
         self.child.wait().unwrap()
     }
 

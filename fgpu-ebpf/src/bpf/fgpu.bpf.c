@@ -103,7 +103,8 @@ static __always_inline void count(__u32 idx)
 }
 
 static __always_inline void emit(__u32 kind, __u32 api, __u32 tgid, __u32 tid, __u64 cgroup_id,
-				 __u64 addr, __u64 size, __u32 device, __s32 result)
+				 __u64 addr, __u64 size, __u32 device, __s32 result,
+				 __u64 cgroup_bytes)
 {
 	struct fgpu_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 
@@ -121,12 +122,15 @@ static __always_inline void emit(__u32 kind, __u32 api, __u32 tgid, __u32 tid, _
 	e->api = api;
 	e->device = device;
 	e->result = result;
-	e->reserved = 0;
+	e->cgroup_bytes = cgroup_bytes;
 	bpf_ringbuf_submit(e, 0);
 }
 
-/* Add `delta` (two's complement for a credit) to a (cgroup, device) total. */
-static __always_inline void cg_add(__u64 cgroup_id, __u32 device, __u64 delta, int charge)
+/*
+ * Add `delta` (two's complement for a credit) to a (cgroup, device) total; returns the
+ * total right after this change (so user space can tell which allocation crossed a limit).
+ */
+static __always_inline __u64 cg_add(__u64 cgroup_id, __u32 device, __u64 delta, int charge)
 {
 	struct fgpu_cg_key key = { .cgroup_id = cgroup_id, .device = device };
 	struct fgpu_cg_usage *u = bpf_map_lookup_elem(&cg_usage, &key);
@@ -138,14 +142,14 @@ static __always_inline void cg_add(__u64 cgroup_id, __u32 device, __u64 delta, i
 		u = bpf_map_lookup_elem(&cg_usage, &key);
 		if (!u) {
 			count(FGPU_CTR_MAP_FULL);
-			return;
+			return 0;
 		}
 	}
-	__sync_fetch_and_add(&u->bytes, delta);
 	if (charge)
 		__sync_fetch_and_add(&u->allocs, 1);
 	else
 		__sync_fetch_and_add(&u->frees, 1);
+	return __sync_fetch_and_add(&u->bytes, delta) + delta;
 }
 
 static __always_inline void proc_add(__u32 tgid, __u64 cgroup_id, __u64 delta)
@@ -173,6 +177,7 @@ static __always_inline __u64 credit(__u32 tgid, __u32 tid, __u64 addr, __u32 api
 	struct alloc_key key = { .tgid = tgid, .addr = addr };
 	struct alloc_val *v = bpf_map_lookup_elem(&allocs, &key);
 	struct alloc_val val;
+	__u64 total;
 
 	if (!v) {
 		if (is_free && addr)
@@ -182,9 +187,9 @@ static __always_inline __u64 credit(__u32 tgid, __u32 tid, __u64 addr, __u32 api
 	val = *v;
 	if (bpf_map_delete_elem(&allocs, &key) != 0)
 		return 0; /* a concurrent free of the same pointer won the race */
-	cg_add(val.cgroup_id, val.device, -val.size, 0);
+	total = cg_add(val.cgroup_id, val.device, -val.size, 0);
 	proc_add(tgid, val.cgroup_id, -val.size);
-	emit(FGPU_EV_FREE, api, tgid, tid, val.cgroup_id, addr, val.size, val.device, rc);
+	emit(FGPU_EV_FREE, api, tgid, tid, val.cgroup_id, addr, val.size, val.device, rc, total);
 	return val.size;
 }
 
@@ -194,6 +199,7 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 	__u64 cgroup_id = bpf_get_current_cgroup_id();
 	struct alloc_key key = { .tgid = tgid, .addr = addr };
 	struct alloc_val val = { .size = size, .cgroup_id = cgroup_id, .device = device };
+	__u64 total;
 
 	/* A pointer handed out again while we still hold it means we missed its free. */
 	credit(tgid, tid, addr, api, rc, 0);
@@ -201,9 +207,9 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 		count(FGPU_CTR_MAP_FULL);
 		return;
 	}
-	cg_add(cgroup_id, device, size, 1);
+	total = cg_add(cgroup_id, device, size, 1);
 	proc_add(tgid, cgroup_id, size);
-	emit(FGPU_EV_ALLOC, api, tgid, tid, cgroup_id, addr, size, device, rc);
+	emit(FGPU_EV_ALLOC, api, tgid, tid, cgroup_id, addr, size, device, rc, total);
 }
 
 SEC("uprobe")
@@ -326,7 +332,8 @@ int fgpu_sched_exit(void *ctx)
 	cgroup_id = p->cgroup_id;
 	bpf_for_each_map_elem(&allocs, release_one, &rctx, 0);
 	bpf_map_delete_elem(&procs, &tgid);
-	emit(FGPU_EV_EXIT, 0, tgid, (__u32)id, cgroup_id, 0, rctx.released, FGPU_DEVICE_CURRENT, 0);
+	emit(FGPU_EV_EXIT, 0, tgid, (__u32)id, cgroup_id, 0, rctx.released, FGPU_DEVICE_CURRENT, 0,
+	     0);
 	return 0;
 }
 
@@ -336,6 +343,6 @@ int fgpu_sched_exec(void *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 
 	emit(FGPU_EV_EXEC, 0, id >> 32, (__u32)id, bpf_get_current_cgroup_id(), 0, 0,
-	     FGPU_DEVICE_CURRENT, 0);
+	     FGPU_DEVICE_CURRENT, 0, 0);
 	return 0;
 }

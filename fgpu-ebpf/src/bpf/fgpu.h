@@ -55,7 +55,7 @@ struct fgpu_event {
 	__u32 api;       /* FGPU_API_* (0 for EXIT) */
 	__u32 device;
 	__s32 result;    /* the driver's return code */
-	__u64 reserved;
+	__u64 cgroup_bytes; /* the (cgroup, device) total right after this event */
 };
 
 /* Key of the per-(cgroup, device) totals map `cg_usage`. */

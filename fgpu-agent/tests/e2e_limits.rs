@@ -1,0 +1,170 @@
+//! End-to-end: limits set with the CLI, and the kernel backstop for processes that bypass
+//! the shim.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Agent, Cgroup, Load, SimState, privileged, unique};
+
+fn ok(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "fgpu failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn refused(out: &std::process::Output) -> String {
+    assert!(
+        !out.status.success(),
+        "expected a refusal: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn privileged_limits_persist_across_restarts_and_bad_input_changes_nothing() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let cg = Cgroup::new(&unique("fgpu-e2e-limits"));
+    let child = Cgroup::new(&format!("{}/child", cg.path.trim_start_matches('/')));
+
+    let out = ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "1GiB"]));
+    assert!(out.contains("1GiB"), "{out}");
+    let out = ok(&agent.cli(&["limit", "get", &child.path, "--json"]));
+    let entry: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        entry["effective"]["memory_bytes"],
+        1u64 << 30,
+        "inherited: {entry}"
+    );
+    assert_eq!(entry["memory_limit_from"], cg.path.as_str());
+
+    // Bad input: a clear message, a non-zero exit, and nothing changed.
+    let before = ok(&agent.cli(&["limit", "ls", "--json"]));
+    assert!(
+        refused(&agent.cli(&["limit", "set", "/no-such-cgroup-here", "--memory", "1GiB"]))
+            .contains("no such cgroup")
+    );
+    assert!(
+        refused(&agent.cli(&["limit", "set", &cg.path, "--memory", "lots"])).contains("not a size")
+    );
+    assert!(
+        refused(&agent.cli(&["limit", "set", &cg.path, "--memory", "1TiB"]))
+            .contains("larger than the device")
+    );
+    assert!(
+        refused(&agent.cli(&["limit", "set", &cg.path, "--memory", "0"])).contains("fgpu limit rm")
+    );
+    let nonroot = std::process::Command::new(env!("CARGO_BIN_EXE_fgpu"))
+        .args([
+            "limit",
+            "set",
+            &cg.path,
+            "--memory",
+            "2GiB",
+            "--socket",
+            agent.socket.to_str().unwrap(),
+        ])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(refused(&nonroot).contains("permission denied"));
+    assert_eq!(
+        ok(&agent.cli(&["limit", "ls", "--json"])),
+        before,
+        "bad input changed the limits"
+    );
+
+    // A restart keeps the limit.
+    let state_dir = agent.state_dir.clone();
+    drop(agent);
+    let agent = Agent::start_in(&state_dir, &[]);
+    let out = ok(&agent.cli(&["limit", "get", &cg.path, "--json"]));
+    let entry: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(entry["own"]["memory_bytes"], 1u64 << 30);
+    ok(&agent.cli(&["limit", "rm", &cg.path]));
+    assert!(refused(&agent.cli(&["limit", "rm", &cg.path])).contains("no limit of its own"));
+    drop(child);
+}
+
+use std::os::unix::process::CommandExt;
+
+#[test]
+fn privileged_a_process_without_the_shim_that_crosses_the_limit_is_killed() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-e2e-backstop"));
+    ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "1GiB"]));
+
+    let mut load = Load::spawn(
+        &cg,
+        &state.0,
+        &[
+            "alloc", "512MiB", "alloc", "512MiB", "sleep", "200", "alloc", "256MiB", "sleep",
+            "5000", "hold",
+        ],
+    );
+    // The kernel cannot stop the call that crosses the limit (no shim here): the driver
+    // returns it, and the process is killed right after, before it gets further.
+    let first = load.expect_line("pid=");
+    let status = load.wait();
+    assert!(!status.success(), "not killed: {status:?} {:?}", load.lines);
+    assert!(!load.lines.iter().any(|l| l == "ready"), "{:?}", load.lines);
+    let log = agent.log_text();
+    assert!(log.contains("killed"), "{log}");
+    assert_eq!(
+        log.matches("killed").count(),
+        1,
+        "only the allocation that crossed: {log}"
+    );
+    assert!(log.contains("allocation of 256MiB"), "{log}");
+    let _ = first;
+    let row = agent.wait_for(
+        &cg,
+        "release of the killed process",
+        Duration::from_secs(2),
+        |s| s.is_some_and(|s| s["memory_used_bytes"] == 0) || s.is_none(),
+    );
+    assert!(row.is_none(), "{row:?}");
+}
+
+#[test]
+fn privileged_deny_policy_reports_and_kills_nothing() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start_with(&["--on-exceed", "deny"]);
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-e2e-deny"));
+    ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "1GiB"]));
+    let mut load = Load::spawn(
+        &cg,
+        &state.0,
+        &["alloc", "768MiB", "alloc", "512MiB", "hold"],
+    );
+    load.expect_line("ready");
+    let row = agent
+        .wait_for(&cg, "over-limit report", Duration::from_secs(3), |s| {
+            s.is_some_and(|s| s["over_limit_actions"] == 1)
+        })
+        .unwrap();
+    assert_eq!(row["memory_used_bytes"], 1280u64 << 20);
+    assert_eq!(row["memory_limit_bytes"], 1u64 << 30);
+    assert!(
+        agent.log_text().contains("over limit"),
+        "{}",
+        agent.log_text()
+    );
+    assert!(load.finish().success(), "deny must not kill");
+}
