@@ -1,1 +1,45 @@
-//! libfgpu
+//! libfgpu: preloaded into workloads (`LD_PRELOAD=libfgpu.so`) to make a container's GPU
+//! memory limit real for unmodified CUDA programs. See docs/shim.md.
+//!
+//! Standalone mode: the limit comes from the environment (`FGPU_MEMORY_LIMIT`,
+//! `GPU_MEM_LIMIT_GB`), and all processes of the container share one ledger in shared memory
+//! (`fgpu_common::ledger`). Without a limit, or without a driver, the shim passes everything
+//! through untouched.
+//!
+//! - [`dlsym`]: `dlsym` interposition; [`gpa`]: `cuGetProcAddress(_v2)` wrappers and the
+//!   table of wrapped entry points; [`real`]: the real driver entry points.
+//! - [`alloc`], [`pool`], [`vmm`], [`array`]: allocation and free paths; [`account`]: the
+//!   accounting they share; [`table`]: per-process pointer/handle tables.
+//! - [`context`]: context overhead; [`meminfo`], [`nvml`]: memory-info answers.
+//! - [`ledger_file`]: the shared ledger file and process slots; [`fork`]; [`config`]; [`log`].
+
+mod account;
+mod alloc;
+mod array;
+mod config;
+mod context;
+mod dlsym;
+mod fork;
+mod gpa;
+mod ledger_file;
+mod log;
+mod meminfo;
+mod nvml;
+mod pool;
+mod real;
+mod table;
+mod vmm;
+
+/// Runs when the library is loaded: resolves pointers only (the real `dlsym`, and the driver
+/// libraries if they are already loaded) and registers the fork handler. Everything else
+/// happens lazily at the first call that needs it.
+extern "C" fn init() {
+    dlsym::ensure_real();
+    real::resolve(real::Lib::Cuda, false);
+    real::resolve(real::Lib::Nvml, false);
+    fork::register();
+}
+
+#[used]
+#[unsafe(link_section = ".init_array")]
+static INIT: extern "C" fn() = init;

@@ -1,0 +1,200 @@
+//! Linear allocations: cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, and their frees
+//! (cuMemFree_v2, cuMemFreeAsync(_ptsz) for any pointer).
+//!
+//! Order on every path: reserve in the ledger, call the driver, release if it failed. Frees
+//! forget the pointer *before* the driver call (so that an address the driver hands out again
+//! at once cannot meet our stale entry) and give the bytes back after it succeeded.
+
+#![allow(non_snake_case)]
+
+use crate::account::{self, Kind, PTRS, current_ordinal, meta, reserve};
+use crate::config;
+use crate::real::{self, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult, Handle};
+use std::ffi::c_uint;
+use std::sync::atomic::Ordering::SeqCst;
+
+/// Pitch rows are at least this aligned (CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT is 512
+/// or less on every GPU we know); the real pitch is corrected after the call.
+const PITCH_ALIGN: usize = 512;
+
+macro_rules! real_or_3 {
+    ($sym:expr) => {
+        match $sym.load() {
+            Some(f) => f,
+            None => return $crate::real::CUDA_ERROR_NOT_INITIALIZED,
+        }
+    };
+}
+pub(crate) use real_or_3;
+
+/// Reads `*p` (NULL-safe).
+pub fn read<T: Copy + Default>(p: *const T) -> T {
+    if p.is_null() {
+        return T::default();
+    }
+    // SAFETY: non-NULL pointer the driver just wrote through (driver API contract).
+    unsafe { p.read_unaligned() }
+}
+
+/// A linear allocation of `bytes` on the current device, made by `call`.
+fn linear(
+    api: &str,
+    dptr: *mut CUdeviceptr,
+    bytes: usize,
+    kind: Kind,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if !config::active() || dptr.is_null() {
+        return call();
+    }
+    let charge = match reserve(api, current_ordinal(), bytes as u64) {
+        Ok(c) => c,
+        Err(()) => return CUDA_ERROR_OUT_OF_MEMORY,
+    };
+    let rc = call();
+    if let Some(c) = charge {
+        if rc == 0 {
+            let p = read(dptr);
+            if kind == Kind::Managed {
+                account::MANAGED[c.idx].fetch_add(c.bytes, SeqCst);
+            }
+            account::track(&PTRS, p, c.bytes, meta(kind, c.idx, c.ord), 0);
+        } else {
+            account::release(c.idx, c.bytes);
+        }
+    }
+    rc
+}
+
+/// # Safety
+/// The CUDA driver API contract of `cuMemAlloc_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    let f = real_or_3!(real::CU_MEM_ALLOC);
+    // SAFETY: forwarding the caller's arguments unchanged.
+    linear("cuMemAlloc_v2", dptr, bytesize, Kind::Device, || unsafe {
+        f(dptr, bytesize)
+    })
+}
+
+/// # Safety
+/// The CUDA driver API contract of `cuMemAllocManaged`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
+    let f = real_or_3!(real::CU_MEM_ALLOC_MANAGED);
+    // SAFETY: forwarding the caller's arguments unchanged.
+    linear(
+        "cuMemAllocManaged",
+        dptr,
+        bytesize,
+        Kind::Managed,
+        || unsafe { f(dptr, bytesize, flags) },
+    )
+}
+
+/// Reserves WidthInBytes rounded up to 512 × Height before the call; the driver's pitch ×
+/// Height after it (more is reserved, or the allocation freed and denied, if the real pitch
+/// is larger; less is given back).
+///
+/// # Safety
+/// The CUDA driver API contract of `cuMemAllocPitch_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CUresult {
+    let f = real_or_3!(real::CU_MEM_ALLOC_PITCH);
+    // SAFETY: forwarding the caller's arguments unchanged (used in all paths below).
+    let call = || unsafe { f(dptr, pitch, width, height, elem) };
+    if !config::active() || dptr.is_null() || pitch.is_null() {
+        return call();
+    }
+    let api = "cuMemAllocPitch_v2";
+    let guess = width
+        .checked_next_multiple_of(PITCH_ALIGN)
+        .and_then(|w| w.checked_mul(height))
+        .unwrap_or(usize::MAX);
+    let mut charge = match reserve(api, current_ordinal(), guess as u64) {
+        Ok(c) => c,
+        Err(()) => return CUDA_ERROR_OUT_OF_MEMORY,
+    };
+    let rc = call();
+    let Some(c) = charge.as_mut() else {
+        return rc;
+    };
+    if rc != 0 {
+        account::release(c.idx, c.bytes);
+        return rc;
+    }
+    let p = read(dptr);
+    let real_bytes = (read(pitch) as u64).saturating_mul(height as u64);
+    if real_bytes > c.bytes {
+        if !account::reserve_more(api, c, real_bytes - c.bytes) {
+            if let Some(free) = real::CU_MEM_FREE.get() {
+                // SAFETY: freeing the allocation the driver just made for this call.
+                unsafe { free(p) };
+            }
+            account::release(c.idx, c.bytes);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else {
+        account::release(c.idx, c.bytes - real_bytes);
+        c.bytes = real_bytes;
+    }
+    account::track(&PTRS, p, c.bytes, meta(Kind::Device, c.idx, c.ord), 0);
+    rc
+}
+
+/// Frees pointer `p` with `call`: forgets it first, restores the entry if the call failed.
+fn free_ptr(p: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
+    if !config::active() || p == 0 {
+        return call();
+    }
+    let entry = PTRS.remove(p);
+    let rc = call();
+    if let Some(e) = entry {
+        if rc == 0 {
+            account::release_entry(&e);
+        } else {
+            PTRS.insert(e);
+        }
+    }
+    rc
+}
+
+/// # Safety
+/// The CUDA driver API contract of `cuMemFree_v2`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    let f = real_or_3!(real::CU_MEM_FREE);
+    // SAFETY: forwarding the caller's argument unchanged.
+    free_ptr(dptr, || unsafe { f(dptr) })
+}
+
+/// Stream-ordered free: pool allocations go back to their pool (which keeps them reserved);
+/// a cuMemAlloc pointer is given back at once.
+///
+/// # Safety
+/// The CUDA driver API contract of `cuMemFreeAsync`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: Handle) -> CUresult {
+    let f = real_or_3!(real::CU_MEM_FREE_ASYNC);
+    // SAFETY: forwarding the caller's arguments unchanged.
+    free_ptr(dptr, || unsafe { f(dptr, stream) })
+}
+
+/// # Safety
+/// The CUDA driver API contract of `cuMemFreeAsync_ptsz`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: Handle) -> CUresult {
+    let f = real_or_3!(real::CU_MEM_FREE_ASYNC_PTSZ);
+    // SAFETY: forwarding the caller's arguments unchanged.
+    free_ptr(dptr, || unsafe { f(dptr, stream) })
+}

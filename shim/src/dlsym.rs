@@ -1,0 +1,166 @@
+//! `dlsym` interposition.
+//!
+//! The CUDA runtime and nvidia-smi reach the driver through `dlopen` + `dlsym`, so exporting
+//! `cuMemAlloc_v2` alone is not enough. Our exported `dlsym`:
+//! - `RTLD_NEXT`: glibc resolves it from the *caller's* address, so we must not call the real
+//!   `dlsym` from here: a naked stub asks [`rtld_next_lookup`] whether the name is one we wrap
+//!   (then it returns our wrapper) and otherwise tail-jumps to the real `dlsym` with the
+//!   caller's return address still on the stack.
+//! - anything else: calls the real `dlsym`; if the result is the real driver function for a
+//!   name we wrap, returns our wrapper instead; if it is one of our own exports while no driver
+//!   is loaded, returns NULL (the shim is inert without a driver); otherwise the result as is.
+//!
+//! The real `dlsym` comes from `dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34")`, falling back to
+//! `GLIBC_2.2.5`. Nothing in this crate may call `libc::dlsym`: in this library that name is
+//! our own hook.
+
+use crate::real;
+use std::ffi::{CStr, c_char, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Release};
+
+/// The real `dlsym`; read by the naked stub (never 0 once [`ensure_real`] ran: it falls back
+/// to [`no_dlsym`]).
+static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+
+type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+/// Stands in for `dlsym` if the real one cannot be found (never seen on glibc).
+extern "C" fn no_dlsym(_h: *mut c_void, _n: *const c_char) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+/// Resolves the real `dlsym` once; returns it.
+pub fn ensure_real() -> DlsymFn {
+    let mut p = REAL_DLSYM.load(Acquire);
+    if p == 0 {
+        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5"] {
+            // SAFETY: valid C strings; dlvsym with RTLD_NEXT looks up the next definition
+            // after this library, which is libc's dlsym.
+            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) }
+                as usize;
+            if p != 0 {
+                break;
+            }
+        }
+        if p == 0 {
+            p = no_dlsym as *const () as usize;
+        }
+        REAL_DLSYM.store(p, Release);
+    }
+    // SAFETY: p is libc's dlsym (or `no_dlsym`), both with dlsym's C signature.
+    unsafe { std::mem::transmute::<usize, DlsymFn>(p) }
+}
+
+/// Calls the real `dlsym` (from our own code: never with RTLD_NEXT).
+pub fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // SAFETY: forwarding a handle and a C string to libc's dlsym.
+    unsafe { ensure_real()(handle, name) }
+}
+
+/// Whether `name` can be one of ours at all (cheap filter before comparing names).
+fn candidate(name: &[u8]) -> bool {
+    name.starts_with(b"cu") || name.starts_with(b"nvml")
+}
+
+/// `dlsym(RTLD_NEXT, name)`: our wrapper if `name` is wrapped and the driver is loaded, else
+/// 0 (the stub then tail-jumps to the real dlsym). Also makes sure the real dlsym is known.
+extern "C" fn rtld_next_lookup(name: *const c_char) -> *mut c_void {
+    ensure_real();
+    if name.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: dlsym's contract: a NUL-terminated symbol name.
+    let n = unsafe { CStr::from_ptr(name) }.to_bytes();
+    if !candidate(n) || !crate::config::active() {
+        return std::ptr::null_mut();
+    }
+    match crate::gpa::wrapper_by_name(n) {
+        Some((wrapper, raw)) if raw.addr() != 0 => wrapper as *mut c_void,
+        _ => std::ptr::null_mut(),
+    }
+}
+
+/// `dlsym(handle, name)` for every handle but RTLD_NEXT.
+extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let p = real_dlsym(handle, name);
+    if p.is_null() || name.is_null() {
+        return p;
+    }
+    // SAFETY: dlsym's contract: a NUL-terminated symbol name.
+    let n = unsafe { CStr::from_ptr(name) }.to_bytes();
+    if !candidate(n) {
+        return p;
+    }
+    let Some((wrapper, raw)) = crate::gpa::wrapper_by_name(n) else {
+        return p;
+    };
+    let pu = p as usize;
+    if pu == wrapper {
+        // Our own export (RTLD_DEFAULT or a handle of the main program): only meaningful
+        // while the driver is loaded.
+        if raw.addr() == 0 {
+            return std::ptr::null_mut();
+        }
+        return if crate::config::active() {
+            p
+        } else {
+            raw.addr() as *mut c_void
+        };
+    }
+    if raw.addr() == 0 && handle != libc::RTLD_DEFAULT {
+        // The driver was loaded under a name RTLD_NOLOAD does not know: use this handle.
+        real::adopt(raw.lib, handle as usize);
+    }
+    if raw.addr() == pu && crate::config::active() {
+        return wrapper as *mut c_void;
+    }
+    p
+}
+
+#[cfg(target_arch = "x86_64")]
+#[unsafe(no_mangle)]
+#[unsafe(naked)]
+/// # Safety
+/// The C `dlsym` contract.
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    // RTLD_NEXT is (void *)-1. The stack at entry is 8 mod 16; two pushes and 8 bytes keep the
+    // call to rtld_next_lookup 16-byte aligned.
+    core::arch::naked_asm!(
+        "cmp rdi, -1",
+        "je 2f",
+        "jmp {hook}",
+        "2:",
+        "push rdi",
+        "push rsi",
+        "sub rsp, 8",
+        "mov rdi, rsi",
+        "call {next}",
+        "add rsp, 8",
+        "pop rsi",
+        "pop rdi",
+        "test rax, rax",
+        "jz 3f",
+        "ret",
+        "3:",
+        "jmp qword ptr [rip + {real}]",
+        hook = sym dlsym_hook,
+        next = sym rtld_next_lookup,
+        real = sym REAL_DLSYM,
+    )
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+#[unsafe(no_mangle)]
+/// # Safety
+/// The C `dlsym` contract. (On this architecture RTLD_NEXT is resolved from the shim's
+/// address, not the caller's.)
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void {
+    if handle == libc::RTLD_NEXT {
+        let w = rtld_next_lookup(symbol);
+        if !w.is_null() {
+            return w;
+        }
+        return real_dlsym(handle, symbol);
+    }
+    dlsym_hook(handle, symbol)
+}

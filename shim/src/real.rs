@@ -1,0 +1,293 @@
+//! The real driver entry points, resolved with the real `dlsym` on a handle of the real
+//! library (`dlopen(name, RTLD_NOW | RTLD_NOLOAD)`), never through our own exports.
+//!
+//! Resolution is lock-free and idempotent: any thread that finds a pointer missing resolves
+//! the whole library again and stores what it finds (racing stores store the same values).
+//! It takes no lock of ours, so it can run inside a `dlsym` or `dlopen` of the program.
+
+#![allow(clippy::type_complexity)]
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Release};
+
+pub type CUresult = c_int;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+/// CUcontext, CUstream, CUarray, CUmemoryPool, CUmipmappedArray: opaque pointers.
+pub type Handle = *mut c_void;
+/// CUmemGenericAllocationHandle.
+pub type MemHandle = c_ulonglong;
+pub type NvmlReturn = c_int;
+pub type NvmlDevice = *mut c_void;
+
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Lib {
+    Cuda = 0,
+    Nvml = 1,
+}
+
+const LIB_NAMES: [&CStr; 2] = [c"libcuda.so.1", c"libnvidia-ml.so.1"];
+
+/// Library handles (0 = not found yet).
+static HANDLES: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+
+/// One entry point: its name, library and resolved address (0 = unresolved).
+pub struct Raw {
+    pub name: &'static CStr,
+    pub lib: Lib,
+    ptr: AtomicUsize,
+}
+
+impl Raw {
+    /// The address if resolved, without trying to resolve.
+    pub fn loaded(&self) -> usize {
+        self.ptr.load(Acquire)
+    }
+
+    /// The address, resolving the library on first need; 0 if unavailable.
+    pub fn addr(&self) -> usize {
+        match self.loaded() {
+            0 => {
+                resolve(self.lib, false);
+                self.loaded()
+            }
+            p => p,
+        }
+    }
+}
+
+/// A typed entry point.
+pub struct Sym<F> {
+    pub raw: Raw,
+    _f: PhantomData<F>,
+}
+
+impl<F: Copy> Sym<F> {
+    const fn new(lib: Lib, name: &'static CStr) -> Self {
+        Sym {
+            raw: Raw {
+                name,
+                lib,
+                ptr: AtomicUsize::new(0),
+            },
+            _f: PhantomData,
+        }
+    }
+
+    /// The function, resolving on first need.
+    pub fn get(&self) -> Option<F> {
+        const { assert!(size_of::<F>() == size_of::<usize>()) };
+        match self.raw.addr() {
+            0 => None,
+            // SAFETY: F is the `unsafe extern "C" fn` type of this entry point as the driver
+            // documents it (see the table below), and the address came from the real dlsym
+            // for exactly this name; both are pointer-sized (checked above).
+            p => Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) }),
+        }
+    }
+
+    /// The function, loading the library if the program has not (an exported wrapper was
+    /// called directly, so the program expects the driver).
+    pub fn load(&self) -> Option<F> {
+        self.get().or_else(|| {
+            resolve(self.raw.lib, true);
+            self.get()
+        })
+    }
+}
+
+macro_rules! syms {
+    ($( $id:ident $lib:ident $name:literal : fn($($a:ty),*) -> $r:ty ; )*) => {
+        $( pub static $id: Sym<unsafe extern "C" fn($($a),*) -> $r> = Sym::new(Lib::$lib, $name); )*
+        static ALL: &[&Raw] = &[$( &$id.raw ),*];
+    };
+}
+
+syms! {
+    CU_GET_PROC_ADDRESS Cuda c"cuGetProcAddress":
+        fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
+    CU_GET_PROC_ADDRESS_V2 Cuda c"cuGetProcAddress_v2":
+        fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
+    CU_MEM_ALLOC Cuda c"cuMemAlloc_v2": fn(*mut CUdeviceptr, usize) -> CUresult;
+    CU_MEM_ALLOC_PITCH Cuda c"cuMemAllocPitch_v2":
+        fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
+    CU_MEM_ALLOC_MANAGED Cuda c"cuMemAllocManaged": fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
+    CU_MEM_ALLOC_ASYNC Cuda c"cuMemAllocAsync": fn(*mut CUdeviceptr, usize, Handle) -> CUresult;
+    CU_MEM_ALLOC_ASYNC_PTSZ Cuda c"cuMemAllocAsync_ptsz":
+        fn(*mut CUdeviceptr, usize, Handle) -> CUresult;
+    CU_MEM_ALLOC_FROM_POOL_ASYNC Cuda c"cuMemAllocFromPoolAsync":
+        fn(*mut CUdeviceptr, usize, Handle, Handle) -> CUresult;
+    CU_MEM_ALLOC_FROM_POOL_ASYNC_PTSZ Cuda c"cuMemAllocFromPoolAsync_ptsz":
+        fn(*mut CUdeviceptr, usize, Handle, Handle) -> CUresult;
+    CU_MEM_FREE Cuda c"cuMemFree_v2": fn(CUdeviceptr) -> CUresult;
+    CU_MEM_FREE_ASYNC Cuda c"cuMemFreeAsync": fn(CUdeviceptr, Handle) -> CUresult;
+    CU_MEM_FREE_ASYNC_PTSZ Cuda c"cuMemFreeAsync_ptsz": fn(CUdeviceptr, Handle) -> CUresult;
+    CU_MEM_POOL_CREATE Cuda c"cuMemPoolCreate": fn(*mut Handle, *const PoolPropsHead) -> CUresult;
+    CU_MEM_POOL_DESTROY Cuda c"cuMemPoolDestroy": fn(Handle) -> CUresult;
+    CU_MEM_POOL_TRIM_TO Cuda c"cuMemPoolTrimTo": fn(Handle, usize) -> CUresult;
+    CU_MEM_CREATE Cuda c"cuMemCreate":
+        fn(*mut MemHandle, usize, *const AllocPropHead, c_ulonglong) -> CUresult;
+    CU_MEM_RELEASE Cuda c"cuMemRelease": fn(MemHandle) -> CUresult;
+    CU_MEM_MAP Cuda c"cuMemMap":
+        fn(CUdeviceptr, usize, usize, MemHandle, c_ulonglong) -> CUresult;
+    CU_MEM_UNMAP Cuda c"cuMemUnmap": fn(CUdeviceptr, usize) -> CUresult;
+    CU_MEM_RETAIN_ALLOCATION_HANDLE Cuda c"cuMemRetainAllocationHandle":
+        fn(*mut MemHandle, *mut c_void) -> CUresult;
+    CU_ARRAY_CREATE Cuda c"cuArrayCreate_v2": fn(*mut Handle, *const ArrayDescriptor) -> CUresult;
+    CU_ARRAY3D_CREATE Cuda c"cuArray3DCreate_v2":
+        fn(*mut Handle, *const Array3dDescriptor) -> CUresult;
+    CU_MIPMAPPED_ARRAY_CREATE Cuda c"cuMipmappedArrayCreate":
+        fn(*mut Handle, *const Array3dDescriptor, c_uint) -> CUresult;
+    CU_ARRAY_DESTROY Cuda c"cuArrayDestroy": fn(Handle) -> CUresult;
+    CU_MIPMAPPED_ARRAY_DESTROY Cuda c"cuMipmappedArrayDestroy": fn(Handle) -> CUresult;
+    CU_MEM_GET_INFO Cuda c"cuMemGetInfo_v2": fn(*mut usize, *mut usize) -> CUresult;
+    CU_DEVICE_TOTAL_MEM Cuda c"cuDeviceTotalMem_v2": fn(*mut usize, CUdevice) -> CUresult;
+    CU_DEVICE_PRIMARY_CTX_RETAIN Cuda c"cuDevicePrimaryCtxRetain":
+        fn(*mut Handle, CUdevice) -> CUresult;
+    CU_DEVICE_PRIMARY_CTX_RELEASE Cuda c"cuDevicePrimaryCtxRelease_v2": fn(CUdevice) -> CUresult;
+    CU_DEVICE_PRIMARY_CTX_RESET Cuda c"cuDevicePrimaryCtxReset_v2": fn(CUdevice) -> CUresult;
+    // Helpers, never wrapped.
+    CU_CTX_GET_DEVICE Cuda c"cuCtxGetDevice": fn(*mut CUdevice) -> CUresult;
+    CU_DEVICE_GET_UUID_V2 Cuda c"cuDeviceGetUuid_v2": fn(*mut [u8; 16], CUdevice) -> CUresult;
+    CU_DEVICE_GET_UUID Cuda c"cuDeviceGetUuid": fn(*mut [u8; 16], CUdevice) -> CUresult;
+    CU_DEVICE_GET_MEM_POOL Cuda c"cuDeviceGetMemPool": fn(*mut Handle, CUdevice) -> CUresult;
+    CU_DEVICE_GET_DEFAULT_MEM_POOL Cuda c"cuDeviceGetDefaultMemPool":
+        fn(*mut Handle, CUdevice) -> CUresult;
+
+    NVML_DEVICE_GET_MEMORY_INFO Nvml c"nvmlDeviceGetMemoryInfo":
+        fn(NvmlDevice, *mut NvmlMemory) -> NvmlReturn;
+    NVML_DEVICE_GET_MEMORY_INFO_V2 Nvml c"nvmlDeviceGetMemoryInfo_v2":
+        fn(NvmlDevice, *mut NvmlMemoryV2) -> NvmlReturn;
+    NVML_INIT_V2 Nvml c"nvmlInit_v2": fn() -> NvmlReturn;
+    NVML_DEVICE_GET_HANDLE_BY_UUID Nvml c"nvmlDeviceGetHandleByUUID":
+        fn(*const c_char, *mut NvmlDevice) -> NvmlReturn;
+    NVML_DEVICE_GET_UUID Nvml c"nvmlDeviceGetUUID": fn(NvmlDevice, *mut c_char, c_uint) -> NvmlReturn;
+    NVML_DEVICE_GET_INDEX Nvml c"nvmlDeviceGetIndex": fn(NvmlDevice, *mut c_uint) -> NvmlReturn;
+    NVML_DEVICE_GET_COMPUTE_RUNNING_PROCESSES_V3 Nvml c"nvmlDeviceGetComputeRunningProcesses_v3":
+        fn(NvmlDevice, *mut c_uint, *mut NvmlProcessInfo) -> NvmlReturn;
+}
+
+/// Head of `CUmemAllocationProp`: type, requestedHandleTypes, `CUmemLocation { type, id }`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AllocPropHead {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location_type: c_int,
+    pub location_id: c_int,
+}
+
+/// Head of `CUmemPoolProps` (same head as `CUmemAllocationProp`).
+pub type PoolPropsHead = AllocPropHead;
+
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: c_int,
+    pub channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Array3dDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_int,
+    pub channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NvmlMemory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NvmlMemoryV2 {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlProcessInfo_t` (v3 API).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct NvmlProcessInfo {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// The handle of `lib` if it is loaded in this process (0 if not).
+pub fn handle(lib: Lib) -> usize {
+    let h = HANDLES[lib as usize].load(Acquire);
+    if h != 0 {
+        return h;
+    }
+    // SAFETY: a valid C string; RTLD_NOLOAD never loads anything, it only looks up.
+    let h = unsafe {
+        libc::dlopen(
+            LIB_NAMES[lib as usize].as_ptr(),
+            libc::RTLD_NOW | libc::RTLD_NOLOAD,
+        )
+    } as usize;
+    if h != 0 {
+        HANDLES[lib as usize].store(h, Release);
+    }
+    h
+}
+
+/// Uses `h` (a handle the program obtained for a library that has `lib`'s symbols) if we
+/// have none for `lib` yet.
+pub fn adopt(lib: Lib, h: usize) {
+    if h != 0 && HANDLES[lib as usize].load(Acquire) == 0 {
+        HANDLES[lib as usize].store(h, Release);
+        resolve(lib, false);
+    }
+}
+
+/// Resolves every entry point of `lib`; with `load`, loads the library if it is not there.
+/// Returns whether the library is available.
+pub fn resolve(lib: Lib, load: bool) -> bool {
+    let mut h = handle(lib);
+    if h == 0 && load {
+        // SAFETY: a valid C string; loading the driver library the program asked us to use.
+        h = unsafe { libc::dlopen(LIB_NAMES[lib as usize].as_ptr(), libc::RTLD_NOW) } as usize;
+        if h != 0 {
+            HANDLES[lib as usize].store(h, Release);
+        }
+    }
+    if h == 0 {
+        return false;
+    }
+    for raw in ALL.iter().filter(|r| r.lib == lib) {
+        if raw.loaded() == 0 {
+            let p = crate::dlsym::real_dlsym(h as *mut c_void, raw.name.as_ptr()) as usize;
+            if p != 0 {
+                raw.ptr.store(p, Release);
+            }
+        }
+    }
+    true
+}

@@ -1,0 +1,397 @@
+//! Clients that fgpu-sim-load does not cover, run as this very test binary (re-executed with
+//! `FGPU_TEST_CLIENT=<mode>` and the shim preloaded). Like the CUDA runtime, they `dlopen`
+//! libcuda.so.1, `dlsym` only `cuInit` and `cuGetProcAddress_v2`, and get every other entry
+//! point from `cuGetProcAddress_v2`. One output line per result.
+//!
+//! Modes: `race THREADS CHUNK_MIB CHURN`, `fork`, `nvml2`, `rtld`, `probe`.
+
+#![allow(clippy::missing_safety_doc)]
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::sync::{Arc, Barrier};
+
+type Ptr = *mut c_void;
+type R = c_int;
+
+fn out(s: String) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "{s}");
+    let _ = o.flush();
+}
+
+fn dlopen(name: &CStr) -> Ptr {
+    // SAFETY: valid C string.
+    unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }
+}
+
+fn dlsym(h: Ptr, name: &CStr) -> Ptr {
+    // SAFETY: a handle from dlopen (or a pseudo-handle) and a valid C string.
+    unsafe { libc::dlsym(h, name.as_ptr()) }
+}
+
+/// The driver as the CUDA runtime reaches it.
+#[derive(Clone, Copy)]
+pub struct Cuda {
+    init: unsafe extern "C" fn(u32) -> R,
+    gpa: unsafe extern "C" fn(*const c_char, *mut Ptr, c_int, u64, *mut c_int) -> R,
+}
+
+macro_rules! f {
+    ($cuda:expr, $name:literal, $ty:ty) => {{
+        let p = $cuda.resolve($name);
+        assert!(!p.is_null(), "cuGetProcAddress_v2 gave no {}", $name);
+        // SAFETY: the driver API documents this entry point with this C signature.
+        unsafe { std::mem::transmute::<Ptr, $ty>(p) }
+    }};
+}
+
+type Alloc = unsafe extern "C" fn(*mut u64, usize) -> R;
+type Free = unsafe extern "C" fn(u64) -> R;
+type Info = unsafe extern "C" fn(*mut usize, *mut usize) -> R;
+
+impl Cuda {
+    pub fn open() -> Option<Cuda> {
+        let h = dlopen(c"libcuda.so.1");
+        if h.is_null() {
+            return None;
+        }
+        let init = dlsym(h, c"cuInit");
+        let gpa = dlsym(h, c"cuGetProcAddress_v2");
+        if init.is_null() || gpa.is_null() {
+            return None;
+        }
+        // SAFETY: documented signatures of cuInit and cuGetProcAddress_v2.
+        unsafe {
+            Some(Cuda {
+                init: std::mem::transmute::<Ptr, unsafe extern "C" fn(u32) -> R>(init),
+                gpa: std::mem::transmute::<
+                    Ptr,
+                    unsafe extern "C" fn(*const c_char, *mut Ptr, c_int, u64, *mut c_int) -> R,
+                >(gpa),
+            })
+        }
+    }
+
+    fn resolve(&self, base: &str) -> Ptr {
+        let c = CString::new(base).unwrap();
+        let mut p: Ptr = std::ptr::null_mut();
+        let mut st = 0;
+        // SAFETY: valid C string and out-pointers.
+        unsafe { (self.gpa)(c.as_ptr(), &mut p, 12000, 0, &mut st) };
+        p
+    }
+
+    /// cuInit + primary context of device 0 made current on this thread; returns the context.
+    pub fn context(&self) -> Result<usize, R> {
+        let dev_get = f!(
+            self,
+            "cuDeviceGet",
+            unsafe extern "C" fn(*mut c_int, c_int) -> R
+        );
+        let retain = f!(
+            self,
+            "cuDevicePrimaryCtxRetain",
+            unsafe extern "C" fn(*mut usize, c_int) -> R
+        );
+        let (mut dev, mut ctx) = (0, 0usize);
+        // SAFETY: documented signatures, valid out-pointers.
+        unsafe {
+            let rc = (self.init)(0);
+            if rc != 0 {
+                return Err(rc);
+            }
+            let rc = dev_get(&mut dev, 0);
+            if rc != 0 {
+                return Err(rc);
+            }
+            let rc = retain(&mut ctx, dev);
+            if rc != 0 {
+                return Err(rc);
+            }
+        }
+        self.set_current(ctx);
+        Ok(ctx)
+    }
+
+    pub fn set_current(&self, ctx: usize) {
+        let set = f!(self, "cuCtxSetCurrent", unsafe extern "C" fn(usize) -> R);
+        // SAFETY: documented signature.
+        unsafe { set(ctx) };
+    }
+
+    pub fn alloc(&self, n: u64) -> Result<u64, R> {
+        let a = f!(self, "cuMemAlloc", Alloc);
+        let mut p = 0u64;
+        // SAFETY: documented signature, valid out-pointer.
+        match unsafe { a(&mut p, n as usize) } {
+            0 => Ok(p),
+            rc => Err(rc),
+        }
+    }
+
+    pub fn free(&self, p: u64) -> R {
+        let fr = f!(self, "cuMemFree", Free);
+        // SAFETY: documented signature.
+        unsafe { fr(p) }
+    }
+
+    pub fn info(&self) -> String {
+        let i = f!(self, "cuMemGetInfo", Info);
+        let (mut fr, mut t) = (0usize, 0usize);
+        // SAFETY: documented signature, valid out-pointers.
+        let rc = unsafe { i(&mut fr, &mut t) };
+        format!("info rc={rc} free={fr} total={t}")
+    }
+}
+
+/// NVML through dlopen + dlsym, like nvidia-smi.
+fn nvml_lines(tag: &str) {
+    let h = dlopen(c"libnvidia-ml.so.1");
+    assert!(!h.is_null(), "no libnvidia-ml.so.1");
+    type Init = unsafe extern "C" fn() -> R;
+    type ByIndex = unsafe extern "C" fn(u32, *mut Ptr) -> R;
+    type V1 = unsafe extern "C" fn(Ptr, *mut [u64; 3]) -> R;
+    #[repr(C)]
+    struct V2 {
+        version: u32,
+        total: u64,
+        reserved: u64,
+        free: u64,
+        used: u64,
+    }
+    type V2f = unsafe extern "C" fn(Ptr, *mut V2) -> R;
+    let sym = |n: &CStr| {
+        let p = dlsym(h, n);
+        assert!(!p.is_null(), "no {n:?}");
+        p
+    };
+    // SAFETY: documented NVML signatures; valid out-pointers.
+    unsafe {
+        let init = std::mem::transmute::<Ptr, Init>(sym(c"nvmlInit_v2"));
+        let by_index = std::mem::transmute::<Ptr, ByIndex>(sym(c"nvmlDeviceGetHandleByIndex_v2"));
+        let v1 = std::mem::transmute::<Ptr, V1>(sym(c"nvmlDeviceGetMemoryInfo"));
+        let v2 = std::mem::transmute::<Ptr, V2f>(sym(c"nvmlDeviceGetMemoryInfo_v2"));
+        assert_eq!(init(), 0);
+        let mut d: Ptr = std::ptr::null_mut();
+        assert_eq!(by_index(0, &mut d), 0);
+        let mut m = [0u64; 3];
+        let rc = v1(d, &mut m);
+        out(format!(
+            "{tag}nvml1 rc={rc} total={} free={} used={}",
+            m[0], m[1], m[2]
+        ));
+        let mut m2 = V2 {
+            version: std::mem::size_of::<V2>() as u32 | (2 << 24),
+            total: 0,
+            reserved: 0,
+            free: 0,
+            used: 0,
+        };
+        let rc = v2(d, &mut m2);
+        out(format!(
+            "{tag}nvml2 rc={rc} total={} free={} used={} reserved={}",
+            m2.total, m2.free, m2.used, m2.reserved
+        ));
+    }
+}
+
+fn race(args: &[u64]) {
+    let (threads, chunk, churn) = (args[0] as usize, args[1] << 20, args[2]);
+    let cuda = Cuda::open().expect("driver");
+    let ctx = cuda.context().expect("context");
+    out(cuda.info());
+    let start = Arc::new(Barrier::new(threads));
+    let mid = Arc::new(Barrier::new(threads));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (start, mid) = (Arc::clone(&start), Arc::clone(&mid));
+            std::thread::spawn(move || {
+                cuda.set_current(ctx);
+                start.wait();
+                let mut mine = Vec::new();
+                let last = loop {
+                    match cuda.alloc(chunk) {
+                        Ok(p) => mine.push(p),
+                        Err(rc) => break rc,
+                    }
+                };
+                mid.wait();
+                let got = mine.len();
+                for p in mine {
+                    assert_eq!(cuda.free(p), 0);
+                }
+                // Churn: allocate and free as fast as possible, all threads at once.
+                let mut denied = 0u64;
+                for _ in 0..churn {
+                    match cuda.alloc(chunk) {
+                        Ok(p) => assert_eq!(cuda.free(p), 0),
+                        Err(2) => denied += 1,
+                        Err(rc) => panic!("alloc rc={rc}"),
+                    }
+                }
+                (got, last, denied)
+            })
+        })
+        .collect();
+    let mut total = 0;
+    let mut codes = Vec::new();
+    let mut denied = 0;
+    for h in handles {
+        let (g, rc, d) = h.join().unwrap();
+        total += g;
+        codes.push(rc);
+        denied += d;
+    }
+    codes.sort();
+    codes.dedup();
+    out(format!(
+        "race chunks={total} bytes={} fail_codes={codes:?} churn_denied={denied}",
+        total as u64 * chunk
+    ));
+    out(cuda.info());
+}
+
+/// Parent: CUDA context + one allocation, then fork. Child: inherits no CUDA state; the shim
+/// must give it its own slot without taking the parent's (the parent's share stays counted
+/// while the parent lives), and pass the driver's own answer to its CUDA calls (the simulated
+/// driver, like the real one, refuses CUDA in a child of an initialised parent).
+/// Args: PARENT_MIB CHILD_MIB.
+fn fork(args: &[u64]) {
+    let cuda = Cuda::open().expect("driver");
+    cuda.context().expect("context");
+    cuda.alloc(args[0] << 20).expect("parent alloc");
+    out(format!("parent {}", cuda.info()));
+    // SAFETY: fork in a process whose other threads hold no locks the child needs (the
+    // test harness thread is idle; the child only calls the driver and exits).
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        nvml_lines("child ");
+        let rc = cuda.alloc(args[1] << 20).err().unwrap_or(0);
+        out(format!("child alloc_rc={rc}"));
+        // SAFETY: leaving the child without running the parent's atexit handlers.
+        unsafe { libc::_exit(0) };
+    }
+    let mut st = 0;
+    // SAFETY: waiting for our child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    out(format!("parent child_status={st}"));
+    out(format!("parent after {}", cuda.info()));
+    nvml_lines("parent ");
+}
+
+/// Parent: no CUDA of its own (it only asks NVML, which opens the ledger and claims a slot),
+/// then forks two children that each use CUDA fully: together they must stay in the limit.
+/// Args: CHUNK_MIB.
+fn fork_fresh(args: &[u64]) {
+    nvml_lines("parent ");
+    let mut kids: Vec<(libc::pid_t, c_int)> = Vec::new();
+    for k in 0..2 {
+        let mut fds = [0; 2];
+        // SAFETY: a pipe for "go on" signalling.
+        unsafe { libc::pipe(fds.as_mut_ptr()) };
+        let (rd, wr) = (fds[0], fds[1]);
+        // SAFETY: see `fork`.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            for (_, w) in &kids {
+                // SAFETY: closing the earlier children's pipe ends this child inherited.
+                unsafe { libc::close(*w) };
+            }
+            let cuda = Cuda::open().expect("driver");
+            let rc = cuda.context().err().unwrap_or(0);
+            let mut n = 0;
+            while cuda.alloc(args[0] << 20).is_ok() {
+                n += 1;
+            }
+            out(format!("child{k} ctx_rc={rc} chunks={n}"));
+            let mut b = [0u8; 1];
+            // SAFETY: wait for the parent's byte (or EOF) before exiting.
+            unsafe {
+                libc::close(wr);
+                libc::read(rd, b.as_mut_ptr().cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        // SAFETY: closing our read end.
+        unsafe { libc::close(rd) };
+        // Let the first child finish allocating before the second starts.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        kids.push((pid, wr));
+    }
+    for (pid, wr) in kids {
+        let mut st = 0;
+        // SAFETY: releasing and reaping our children.
+        unsafe {
+            libc::close(wr);
+            libc::waitpid(pid, &mut st, 0);
+        }
+    }
+    nvml_lines("parent after ");
+}
+
+/// `dlsym(RTLD_NEXT, "dlsym")` from the main program must find the next object that defines
+/// `dlsym` after the *program*: the shim itself. (If the shim forwarded RTLD_NEXT with an
+/// ordinary call, glibc would search after the shim and return libc's.)
+fn rtld() {
+    let next = dlsym(libc::RTLD_NEXT, c"dlsym");
+    let default = dlsym(libc::RTLD_DEFAULT, c"dlsym");
+    // SAFETY: valid C strings.
+    let libc_dlsym =
+        unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), c"GLIBC_2.34".as_ptr()) };
+    out(format!(
+        "rtld next_is_shim={} next_is_libc={}",
+        next == default,
+        next == libc_dlsym
+    ));
+    let malloc_next = dlsym(libc::RTLD_NEXT, c"malloc");
+    out(format!("rtld malloc_found={}", !malloc_next.is_null()));
+    if Cuda::open().is_some() {
+        let w = dlsym(libc::RTLD_NEXT, c"cuMemAlloc_v2");
+        let h = dlopen(c"libcuda.so.1");
+        let via_handle = dlsym(h, c"cuMemAlloc_v2");
+        out(format!(
+            "rtld cuda next_is_wrapper={} handle_is_wrapper={}",
+            w == default_wrapper(),
+            via_handle == default_wrapper()
+        ));
+    }
+}
+
+fn default_wrapper() -> Ptr {
+    dlsym(libc::RTLD_DEFAULT, c"cuMemAlloc_v2")
+}
+
+/// Without a driver loaded, the shim's exports must not make CUDA look present.
+fn probe() {
+    let p = dlsym(libc::RTLD_DEFAULT, c"cuMemAlloc_v2");
+    let g = dlsym(libc::RTLD_DEFAULT, c"cuGetProcAddress_v2");
+    out(format!(
+        "probe cuMemAlloc_v2_null={} gpa_null={} cuda_opens={}",
+        p.is_null(),
+        g.is_null(),
+        Cuda::open().is_some()
+    ));
+}
+
+/// Runs the client selected by FGPU_TEST_CLIENT, if any; returns false if none.
+pub fn main() -> bool {
+    let Ok(mode) = std::env::var("FGPU_TEST_CLIENT") else {
+        return false;
+    };
+    let args: Vec<u64> = std::env::var("FGPU_TEST_CLIENT_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|a| a.parse().expect("numeric client argument"))
+        .collect();
+    match mode.as_str() {
+        "race" => race(&args),
+        "fork" => fork(&args),
+        "fork-fresh" => fork_fresh(&args),
+        "nvml2" => nvml_lines(""),
+        "rtld" => rtld(),
+        "probe" => probe(),
+        other => panic!("unknown client mode {other}"),
+    }
+    true
+}
