@@ -330,31 +330,96 @@ def check_two(c):
              ta + "\n----\n" + tb)
 
 
-def check_overhead(c):
-    res = {}
-    for mode in ("without", "with"):
-        r, text = run_child("cupy_bench", [], c.env(shim=(mode == "with")), timeout=90)
-        res[mode] = (r or {}, text)
-    w0, w1 = res["without"][0], res["with"][0]
-    if w0.get("launches_per_s") and w1.get("launches_per_s"):
-        diff = (w0["launches_per_s"] - w1["launches_per_s"]) / w0["launches_per_s"] * 100
-        c.record("empty-kernel launch rate (<=1% slower)", diff <= 1.0,
-                 "without=%.0f/s with=%.0f/s diff=%.2f%%" % (w0["launches_per_s"], w1["launches_per_s"], diff),
-                 res)
-        c.record("alloc/free pair latency (1MiB, cudaMalloc+cudaFree)", True,
-                 "without=%.1fus with=%.1fus" % (w0["alloc_free_pair_us"], w1["alloc_free_pair_us"]), res)
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def native_launch_rate(c, shim, n=200000):
+    """Empty-kernel launches per second from a native client (fgpu-sim-load, which reaches
+    the real driver like the CUDA runtime does): no Python in the loop."""
+    load = os.path.join(os.path.dirname(os.path.dirname(c.shim)), "sim", "fgpu-sim-load")
+    lib = os.environ.get("LIBCUDA", "/usr/local/nvidia/lib64/libcuda.so.1")
+    p = subprocess.run([load, "--lib", lib, "bench-launch", str(n), "empty"], env=c.env(shim=shim),
+                       capture_output=True, text=True, timeout=60)
+    for line in p.stdout.splitlines():
+        if line.startswith("bench-launch ok"):
+            return float(line.split("launches_per_s=")[1].split()[0])
+    raise RuntimeError("bench-launch failed: " + (p.stdout + p.stderr)[-300:])
+
+
+def check_native_launch(c, rounds=5):
+    rates = {"without": [], "with": []}
+    for _ in range(rounds):
+        for mode in ("without", "with"):
+            rates[mode].append(native_launch_rate(c, mode == "with"))
+    l0, l1 = _median(rates["without"]), _median(rates["with"])
+    diff = (l0 - l1) / l0 * 100
+    c.record("native empty-kernel launch rate (<=1% slower)", diff <= 1.0,
+             "without=%.0f/s with=%.0f/s diff=%.2f%% (median of %d, interleaved)" % (l0, l1, diff, rounds),
+             rates)
+
+
+def check_overhead(c, rounds=3):
+    """Without and with the shim, interleaved (A B A B ...) so that clock drift and other
+    tenants affect both alike; each figure is the median over the rounds."""
+    runs = {"cupy_bench": {"without": [], "with": []}, "torch_train": {"without": [], "with": []}}
+    texts = {}
+    for role in runs:
+        for i in range(rounds):
+            for mode in ("without", "with"):
+                r, text = run_child(role, [], c.env(shim=(mode == "with")), timeout=120)
+                texts["%s %s %d" % (role, mode, i)] = text
+                if r:
+                    runs[role][mode].append(r)
+    cb = runs["cupy_bench"]
+    if len(cb["without"]) == rounds and len(cb["with"]) == rounds:
+        l0 = _median([r["launches_per_s"] for r in cb["without"]])
+        l1 = _median([r["launches_per_s"] for r in cb["with"]])
+        diff = (l0 - l1) / l0 * 100
+        # Python-driven launches vary by ±15% between runs whatever the shim does (which
+        # does not wrap launches at all): recorded here, gated by the native check below.
+        c.record("CuPy empty-kernel launch rate (recorded; Python-bound)", True,
+                 "without=%.0f/s with=%.0f/s diff=%.2f%% (median of %d, interleaved)" % (l0, l1, diff, rounds),
+                 runs["cupy_bench"])
+        p0 = _median([r["alloc_free_pair_us"] for r in cb["without"]])
+        p1 = _median([r["alloc_free_pair_us"] for r in cb["with"]])
+        c.record("alloc/free pair latency (1MiB, cudaMalloc+cudaFree; recorded)", True,
+                 "without=%.1fus with=%.1fus added=%.2fus" % (p0, p1, p1 - p0), runs["cupy_bench"])
     else:
-        c.record("empty-kernel launch rate (<=1% slower)", False, "benchmark failed", res)
-    tr = {}
-    for mode in ("without", "with"):
-        r, text = run_child("torch_train", [], c.env(shim=(mode == "with")), timeout=120)
-        tr[mode] = (r or {}, text)
-    s0, s1 = tr["without"][0].get("step_ms"), tr["with"][0].get("step_ms")
-    if s0 and s1:
-        c.record("PyTorch training step (MLP 1024-4096-1024, batch 256)", True,
-                 "without=%.3fms with=%.3fms diff=%.2f%%" % (s0, s1, (s1 - s0) / s0 * 100), tr)
+        c.record("CuPy empty-kernel launch rate", False, "benchmark failed", texts)
+    tt = runs["torch_train"]
+    if len(tt["without"]) == rounds and len(tt["with"]) == rounds:
+        s0 = _median([r["step_ms"] for r in tt["without"]])
+        s1 = _median([r["step_ms"] for r in tt["with"]])
+        # A 0.6 ms step of tiny kernels is bound by Python's launch loop and varies by
+        # ±20% run to run: recorded. The gate is the GPU-bound loop below.
+        c.record("small MLP step (recorded; launch-bound, noisy)", True,
+                 "without=%.3fms with=%.3fms diff=%.2f%% (median of %d, interleaved; all: %s / %s)"
+                 % (s0, s1, (s1 - s0) / s0 * 100, rounds,
+                    ",".join("%.3f" % r["step_ms"] for r in tt["without"]),
+                    ",".join("%.3f" % r["step_ms"] for r in tt["with"])),
+                 runs["torch_train"])
     else:
-        c.record("PyTorch training step", False, "benchmark failed", tr)
+        c.record("small MLP step", False, "benchmark failed", texts)
+    loop = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_loop.py")
+    steps = {"without": [], "with": []}
+    for _ in range(rounds):
+        for mode in ("without", "with"):
+            p = subprocess.run([sys.executable, loop, "300"], env=c.env(shim=(mode == "with")),
+                               capture_output=True, text=True, timeout=120)
+            try:
+                steps[mode].append(float(p.stdout.strip().splitlines()[-1]))
+            except (ValueError, IndexError):
+                pass
+    if len(steps["without"]) == rounds and len(steps["with"]) == rounds:
+        s0, s1 = _median(steps["without"]), _median(steps["with"])
+        diff = (s1 - s0) / s0 * 100
+        c.record("PyTorch training step, GPU-bound (<=1% slower)", diff <= 1.0,
+                 "without=%.4fms with=%.4fms diff=%.2f%% (median of %d, interleaved)" % (s0, s1, diff, rounds),
+                 steps)
+    else:
+        c.record("PyTorch training step, GPU-bound", False, "benchmark failed", steps)
 
 
 def main():
@@ -362,6 +427,7 @@ def main():
     ap.add_argument("--child")
     ap.add_argument("--shim")
     ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--only", action="append", help="run only the named step(s), e.g. --only overhead")
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
     if a.child:
@@ -384,8 +450,11 @@ def main():
         ("nvidia-smi", lambda: check_smi(c)),
         ("two processes", lambda: check_two(c)),
         ("overhead", lambda: check_overhead(c)),
+        ("native launch", lambda: check_native_launch(c)),
     ]
     for name, step in steps:
+        if a.only and name not in a.only:
+            continue
         try:
             step()
         except Exception as e:  # noqa: BLE001 - one broken check must not hide the others

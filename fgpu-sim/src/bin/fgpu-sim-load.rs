@@ -12,6 +12,8 @@
 //!   sync | sleep MS | hold | nvml
 //!   stress THREADS PAIRS SIZE   (THREADS threads × PAIRS cuMemAlloc_v2 + cuMemFree_v2 each)
 //!   bench-alloc PAIRS SIZE      (one thread; prints ns_per_pair)
+//!   bench-launch N KERNEL       (N launches + sync; prints launches_per_s; `empty` is real
+//!                                PTX, so this also runs on a real driver)
 //! SIZE accepts 16GiB, 512MiB, 8GB or plain bytes.
 
 #[path = "../size.rs"]
@@ -260,6 +262,10 @@ fn out(line: String) {
 }
 
 const GRAN: u64 = 2 << 20;
+
+/// A module with one kernel, `empty`, that returns at once.
+const EMPTY_PTX: &CStr =
+    c".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry empty()\n{\n\tret;\n}\n";
 const DEVICE: i32 = 1; // CU_MEM_LOCATION_TYPE_DEVICE
 
 /// Evaluates a driver call; returns its code from the enclosing function if it failed.
@@ -473,7 +479,9 @@ impl Driver {
     fn function(&self, kernel: &str) -> Result<usize, i32> {
         let (mut module, mut func) = (0usize, 0usize);
         let name = CString::new(kernel).unwrap_or_default();
-        let image = c"simulated-module".as_ptr().cast();
+        // Real PTX, so that the same client runs on a real driver (which JIT-compiles it);
+        // the simulated driver accepts any image and times kernels by their names.
+        let image = EMPTY_PTX.as_ptr().cast();
         let a = &self.api;
         // SAFETY: documented signatures; any image gives a simulated module; valid name.
         let rc = (|| unsafe {
@@ -511,6 +519,38 @@ impl Driver {
             rc,
             format!("launch ok n={n} kernel={kernel} elapsed_ms={ms:.1}"),
             format!("launch fail rc={rc} kernel={kernel}"),
+        );
+    }
+
+    /// Launches `n` kernels and waits for them: launches per second, queueing included.
+    fn bench_launch(&mut self, n: u64, kernel: &str) {
+        let rc = match self.function(kernel) {
+            Ok(f) => {
+                // Warm-up, then the timed run.
+                let _ = self.launch_n(f, 1000.min(n), 0);
+                // SAFETY: documented signature, no arguments.
+                let _ = unsafe { (self.api.ctx_synchronize)() };
+                let t = Instant::now();
+                let rc = self.launch_n(f, n, 0);
+                // SAFETY: as above.
+                let sync = unsafe { (self.api.ctx_synchronize)() };
+                let secs = t.elapsed().as_secs_f64();
+                if rc == 0 && sync == 0 {
+                    out(format!(
+                        "bench-launch ok n={n} kernel={kernel} launches_per_s={:.0} ns_per_launch={:.0}",
+                        n as f64 / secs,
+                        secs * 1e9 / n as f64
+                    ));
+                    return;
+                }
+                if rc != 0 { rc } else { sync }
+            }
+            Err(rc) => rc,
+        };
+        self.report(
+            rc,
+            String::new(),
+            format!("bench-launch fail rc={rc} kernel={kernel}"),
         );
     }
 
@@ -771,6 +811,12 @@ fn main() {
                 }
             }
             "sync" => d.sync(),
+            "bench-launch" => {
+                let n = num_arg(args.get(i)).unwrap_or(100_000);
+                let kernel = args.get(i + 1).cloned().unwrap_or_else(|| "empty".into());
+                i += 2;
+                d.bench_launch(n, &kernel);
+            }
             "stress" | "bench-alloc" => {
                 let threads = if cmd == "stress" {
                     i += 1;
