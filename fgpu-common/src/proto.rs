@@ -63,6 +63,76 @@ impl Kind {
     }
 }
 
+/// The shim's side of the protocol: `Hello` and `LedgerReply` carry small binary payloads
+/// (the shim has no JSON), and file descriptors ride along with SCM_RIGHTS.
+///
+/// ```text
+/// shim  → agent  Hello        payload: HelloPayload (8 bytes)
+///                             fds: none, or [usage] when the shim already holds a ledger
+///                             (a reconnect after the agent restarted)
+/// agent → shim   LedgerReply  payload: LedgerPayload (8 bytes + cgroup path, UTF-8)
+///                             fds: [limits, usage]
+/// agent → shim   Error        payload: message (the shim then runs standalone)
+/// ```
+///
+/// `limits` is a memfd of exactly [`crate::ledger::PAGE`] bytes holding the ledger's
+/// `Limits` page, sealed with `F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE |
+/// F_SEAL_SEAL`: the shim can only map it `PROT_READ` (no process in the container can raise
+/// its limit, even by writing memory), while the agent keeps writing it through the mapping
+/// it made before sealing. `usage` is a memfd of `LEDGER_SIZE - PAGE` bytes holding the
+/// `Usage` page and the slots, shared read-write. The shim maps the two contiguously
+/// (limits at offset 0, usage at `PAGE`) so that they form one `Ledger`.
+///
+/// On a reconnect the shim sends the usage memfd it holds; an agent with no ledger for that
+/// cgroup yet adopts it (so usage survives an agent restart) and answers with a new limits
+/// memfd and that same usage memfd. If the agent already has another usage memfd for the
+/// cgroup, it answers with its own, and the shim moves its charges over.
+pub mod shim {
+    /// Version of the shim payloads.
+    pub const VERSION: u32 = 1;
+    /// `HelloPayload::flags`: an fd with the shim's current usage memfd is attached.
+    pub const HELLO_HAS_USAGE_FD: u32 = 1;
+
+    /// `Hello`'s payload.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct HelloPayload {
+        pub version: u32,
+        pub flags: u32,
+    }
+
+    impl HelloPayload {
+        pub fn encode(&self) -> [u8; 8] {
+            let mut b = [0u8; 8];
+            b[..4].copy_from_slice(&self.version.to_le_bytes());
+            b[4..].copy_from_slice(&self.flags.to_le_bytes());
+            b
+        }
+
+        pub fn decode(b: &[u8]) -> Option<Self> {
+            Some(Self {
+                version: u32::from_le_bytes(b.get(..4)?.try_into().ok()?),
+                flags: u32::from_le_bytes(b.get(4..8)?.try_into().ok()?),
+            })
+        }
+    }
+
+    /// `LedgerReply`'s payload: version, then the cgroup path the ledger belongs to.
+    pub fn encode_ledger_reply(cgroup: &str) -> Vec<u8> {
+        let mut b = Vec::with_capacity(8 + cgroup.len());
+        b.extend_from_slice(&VERSION.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b.extend_from_slice(cgroup.as_bytes());
+        b
+    }
+
+    /// Returns (version, cgroup path).
+    pub fn decode_ledger_reply(b: &[u8]) -> Option<(u32, &str)> {
+        let version = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
+        let path = std::str::from_utf8(b.get(8..)?).ok()?;
+        Some((version, path))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
     pub kind: Kind,
@@ -192,6 +262,22 @@ mod tests {
             Frame::decode(&mut b),
             Err(ProtoError::TooLarge(_))
         ));
+    }
+
+    #[test]
+    fn shim_payloads_round_trip() {
+        let h = shim::HelloPayload {
+            version: shim::VERSION,
+            flags: shim::HELLO_HAS_USAGE_FD,
+        };
+        assert_eq!(shim::HelloPayload::decode(&h.encode()), Some(h));
+        assert_eq!(shim::HelloPayload::decode(&[1, 0, 0]), None);
+        let r = shim::encode_ledger_reply("/kubepods.slice/x");
+        assert_eq!(
+            shim::decode_ledger_reply(&r),
+            Some((shim::VERSION, "/kubepods.slice/x"))
+        );
+        assert_eq!(shim::decode_ledger_reply(&r[..5]), None);
     }
 
     #[test]
