@@ -168,3 +168,96 @@ fn privileged_deny_policy_reports_and_kills_nothing() {
     );
     assert!(load.finish().success(), "deny must not kill");
 }
+
+/// A client that says Hello like the shim, tries to raise its own limit, and watches the
+/// limit page for a change. Prints JSON lines.
+const LEDGER_CLIENT: &str = r#"
+import json, mmap, os, socket, struct, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+s.sendall(b"FGPU" + struct.pack("<HHI", 1, 16, 8) + struct.pack("<II", 1, 0))
+msg, fds, _, _ = socket.recv_fds(s, 65536, 4)
+kind = struct.unpack_from("<H", msg, 6)[0]
+if kind != 0x8010:
+    print(json.dumps({"error": msg[12:].decode(errors="replace")}), flush=True)
+    sys.exit(1)
+limits, usage = fds
+def attempt(f):
+    try:
+        f()
+        return "allowed"
+    except OSError as e:
+        return "refused"
+out = {
+    "cgroup": msg[20:].decode(),
+    "limits_size": os.fstat(limits).st_size,
+    "usage_size": os.fstat(usage).st_size,
+    "map_limits_writable": attempt(lambda: mmap.mmap(limits, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)),
+    "write_limits": attempt(lambda: os.pwrite(limits, b"\xff" * 8, 40)),
+    "reopen_and_map_writable": attempt(lambda: mmap.mmap(os.open("/proc/self/fd/%d" % limits, os.O_RDWR), 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)),
+    "map_usage_writable": attempt(lambda: mmap.mmap(usage, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)),
+}
+page = mmap.mmap(limits, 4096, mmap.MAP_SHARED, mmap.PROT_READ)
+first = struct.unpack_from("<Q", page, 40)[0]
+out["limit"] = first
+print(json.dumps(out), flush=True)
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline:
+    now = struct.unpack_from("<Q", page, 40)[0]
+    if now != first:
+        print(json.dumps({"changed": now, "at_ns": time.monotonic_ns()}), flush=True)
+        break
+    time.sleep(0.0005)
+sys.stdin.read()
+"#;
+
+fn monotonic_ns() -> u128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
+}
+
+#[test]
+fn privileged_a_process_gets_its_cgroups_ledger_read_only_and_limit_changes_reach_it_within_100ms()
+{
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-e2e-ledger"));
+    ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "1GiB"]));
+    let python = common::find_python();
+    let sock = agent.socket.to_str().unwrap().to_string();
+    let mut client = Load::spawn_program(&cg, &state.0, &python, &["-c", LEDGER_CLIENT, &sock]);
+    let line = client.expect_line("{");
+    let got: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        got["cgroup"],
+        cg.path.as_str(),
+        "the agent identified the cgroup from the peer's PID: {got}"
+    );
+    assert_eq!(got["limit"], 1u64 << 30, "{got}");
+    assert_eq!(got["limits_size"], 4096, "{got}");
+    assert_eq!(got["map_limits_writable"], "refused", "{got}");
+    assert_eq!(got["write_limits"], "refused", "{got}");
+    assert_eq!(got["reopen_and_map_writable"], "refused", "{got}");
+    assert_eq!(got["map_usage_writable"], "allowed", "{got}");
+
+    let before = monotonic_ns();
+    ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "2GiB"]));
+    let changed: serde_json::Value = serde_json::from_str(&client.expect_line("{")).unwrap();
+    assert_eq!(changed["changed"], 2u64 << 30);
+    let latency_ms =
+        (changed["at_ns"].as_u64().unwrap() as u128).saturating_sub(before) as f64 / 1e6;
+    assert!(
+        latency_ms < 100.0,
+        "a limit change took {latency_ms:.1} ms to reach the process"
+    );
+    eprintln!("limit change reached the process in {latency_ms:.2} ms (CLI round trip included)");
+    client.finish();
+}

@@ -78,6 +78,7 @@ fn limit_set(state: &State, payload: &[u8]) -> Result<Frame> {
         .expect("limits lock")
         .set(&cgroup, &req.limit)?;
     state.backstop.limits_changed();
+    state.apply_limits();
     tracing::info!(cgroup, limit = ?req.limit, "limit set");
     reply(&entry(state, &cgroup))
 }
@@ -121,6 +122,7 @@ fn limit_remove(state: &State, payload: &[u8]) -> Result<Frame> {
     };
     let removed = state.limits.lock().expect("limits lock").remove(&cgroup)?;
     state.backstop.limits_changed();
+    state.apply_limits();
     if removed.is_none() {
         bail!("{cgroup} has no limit of its own (see `fgpu limit get {cgroup}`)");
     }

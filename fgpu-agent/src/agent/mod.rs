@@ -11,10 +11,13 @@ mod discovery;
 mod events;
 mod gpus;
 mod kernel;
+mod ledgers;
 mod limits;
 mod preflight;
 mod probes;
+mod publisher;
 mod report;
+mod scm;
 mod server;
 mod targets;
 mod watcher;
@@ -122,6 +125,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         limits: Mutex::new(limits),
         gpus,
         access,
+        ledgers: ledgers::Ledgers::default(),
         backstop: backstop::Backstop::default(),
         on_exceed: args.on_exceed,
         names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
@@ -143,11 +147,13 @@ pub fn run(args: AgentArgs) -> Result<()> {
             "fgpu agent ready"
         );
         let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state)));
+        let publisher_task = tokio::spawn(publisher::run(Arc::clone(&state)));
         let served = tokio::select! {
             r = server::serve(listener, Arc::clone(&state)) => r,
             r = shutdown_signal() => r,
         };
         events_task.abort();
+        publisher_task.abort();
         served
     });
     let _ = std::fs::remove_file(&args.socket);

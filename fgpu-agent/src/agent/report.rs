@@ -12,6 +12,7 @@ use super::control::Access;
 use super::events::EventCounts;
 use super::gpus::Gpus;
 use super::kernel::{KernelMaps, Snapshot};
+use super::ledgers::Ledgers;
 use super::limits::LimitStore;
 use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
 
@@ -21,6 +22,7 @@ pub struct State {
     pub limits: Mutex<LimitStore>,
     pub gpus: Gpus,
     pub access: Access,
+    pub ledgers: Ledgers,
     pub backstop: Backstop,
     pub on_exceed: OnExceed,
     pub names: Mutex<CgroupNames>,
@@ -40,9 +42,20 @@ impl State {
         for row in &mut report.cgroups {
             row.memory_limit_bytes = limits.effective(&row.cgroup).0.memory_bytes;
             row.over_limit_actions = self.backstop.actions(row.cgroup_id);
+            row.alloc_denied = self.ledgers.get(&row.cgroup).map_or(0, |l| l.denied());
         }
         report.libraries = self.libraries.lock().expect("libraries lock").clone();
         report
+    }
+}
+
+impl State {
+    /// Writes every ledger's effective limit again (after a limit changed).
+    pub fn apply_limits(&self) {
+        let limits = self.limits.lock().expect("limits lock");
+        for ledger in self.ledgers.all() {
+            ledger.apply(&limits.effective(&ledger.cgroup).0);
+        }
     }
 }
 

@@ -6,12 +6,15 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
-use fgpu_common::proto::{Frame, Kind};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::os::fd::OwnedFd;
+
+use fgpu_common::cgroup::unified_path;
+use fgpu_common::proto::{Frame, Kind, shim};
 use tokio::net::{UnixListener, UnixStream};
 
 use super::control::{self, Peer};
 use super::report::State;
+use super::scm;
 
 /// Binds the socket, refusing to take over from a running agent.
 ///
@@ -47,7 +50,7 @@ pub async fn serve(listener: UnixListener, state: Arc<State>) -> Result<()> {
     }
 }
 
-async fn handle(mut stream: UnixStream, state: &State) -> Result<()> {
+async fn handle(stream: UnixStream, state: &State) -> Result<()> {
     let cred = stream.peer_cred()?;
     let peer = Peer {
         pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
@@ -55,28 +58,90 @@ async fn handle(mut stream: UnixStream, state: &State) -> Result<()> {
         gid: cred.gid(),
     };
     let mut buf = BytesMut::with_capacity(4096);
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut fds: Vec<OwnedFd> = Vec::new();
     loop {
         let frame = loop {
             match Frame::decode(&mut buf) {
                 Ok(Some(frame)) => break frame,
                 Ok(None) => {}
                 Err(err) => {
-                    reply(&mut stream, Frame::new(Kind::Error, err.to_string())).await?;
+                    reply(&stream, Frame::new(Kind::Error, err.to_string())).await?;
                     return Err(err.into());
                 }
             }
-            if stream.read_buf(&mut buf).await? == 0 {
+            let (n, received) = scm::recv(&stream, &mut chunk).await?;
+            if n == 0 {
                 return Ok(());
             }
+            buf.extend_from_slice(&chunk[..n]);
+            fds.extend(received);
         };
+        if frame.kind == Kind::Hello {
+            hello(&stream, state, peer, &frame, std::mem::take(&mut fds)).await?;
+            continue;
+        }
+        fds.clear(); // descriptors only ever come with a Hello
         let answer = control::answer(state, peer, &frame);
-        reply(&mut stream, answer).await?;
+        reply(&stream, answer).await?;
     }
 }
 
-async fn reply(stream: &mut UnixStream, frame: Frame) -> Result<()> {
+/// A shim introduces itself: find its cgroup from its PID (the kernel's word, not the
+/// shim's) and hand over that cgroup's ledger.
+async fn hello(
+    stream: &UnixStream,
+    state: &State,
+    peer: Peer,
+    frame: &Frame,
+    fds: Vec<OwnedFd>,
+) -> Result<()> {
+    let ledger = (|| -> Result<_> {
+        let hello = shim::HelloPayload::decode(&frame.payload).context("malformed Hello")?;
+        if hello.version != shim::VERSION {
+            bail!(
+                "shim protocol version {} is not supported (agent speaks {})",
+                hello.version,
+                shim::VERSION
+            );
+        }
+        let pid = peer.pid.context("no peer credentials on the socket")?;
+        let content = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .with_context(|| format!("reading /proc/{pid}/cgroup"))?;
+        let cgroup = unified_path(&content)
+            .context("the process is in no cgroup v2")?
+            .to_string();
+        let usage = (hello.flags & shim::HELLO_HAS_USAGE_FD != 0)
+            .then(|| fds.into_iter().next())
+            .flatten();
+        let limit = state
+            .limits
+            .lock()
+            .expect("limits lock")
+            .effective(&cgroup)
+            .0;
+        let dir = state.cgroup2_mount.join(cgroup.trim_start_matches('/'));
+        state.ledgers.get_or_create(&cgroup, &dir, usage, &limit)
+    })();
+    match ledger {
+        Ok(ledger) => {
+            tracing::debug!(pid = peer.pid, cgroup = %ledger.cgroup, "shim connected");
+            let mut out = BytesMut::new();
+            Frame::new(Kind::LedgerReply, shim::encode_ledger_reply(&ledger.cgroup))
+                .encode(&mut out)?;
+            scm::send(stream, &out, &ledger.fds()).await?;
+        }
+        Err(err) => {
+            tracing::warn!(pid = peer.pid, "refused a shim: {err:#}");
+            reply(stream, Frame::new(Kind::Error, format!("{err:#}"))).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn reply(stream: &UnixStream, frame: Frame) -> Result<()> {
     let mut out = BytesMut::new();
     frame.encode(&mut out)?;
-    stream.write_all(&out).await?;
+    scm::send(stream, &out, &[]).await?;
     Ok(())
 }

@@ -1,0 +1,58 @@
+//! Keeping the ledgers current: the kernel's view of each cgroup's usage is published into
+//! its ledger every [`KERNEL_EVERY`] (the shims refuse on the larger of their own figure and
+//! the kernel's), dead processes' slots are reclaimed and ledgers of removed cgroups are
+//! dropped every [`RECLAIM_EVERY`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ledgers::uuid_bytes;
+use super::report::State;
+
+pub const KERNEL_EVERY: Duration = Duration::from_millis(50);
+pub const RECLAIM_EVERY: Duration = Duration::from_secs(1);
+
+pub async fn run(state: Arc<State>) {
+    let uuids: HashMap<u32, [u8; 16]> = state
+        .gpus
+        .devices
+        .iter()
+        .filter_map(|g| Some((g.index, uuid_bytes(&g.uuid)?)))
+        .collect();
+    let mut tick = tokio::time::interval(KERNEL_EVERY);
+    let per_reclaim = (RECLAIM_EVERY.as_millis() / KERNEL_EVERY.as_millis()) as u32;
+    let mut n = 0u32;
+    loop {
+        tick.tick().await;
+        let ledgers = state.ledgers.all();
+        if ledgers.is_empty() {
+            continue;
+        }
+        let snap = state.kernel.lock().expect("kernel maps lock").snapshot();
+        for ledger in &ledgers {
+            for (key, usage) in snap
+                .usage
+                .iter()
+                .filter(|(k, _)| k.cgroup_id == ledger.cgroup_id)
+            {
+                if let Some(uuid) = uuids.get(&key.device) {
+                    ledger.set_kernel_used(uuid, usage.bytes);
+                }
+            }
+        }
+        n = n.wrapping_add(1);
+        if n.is_multiple_of(per_reclaim) {
+            for ledger in &ledgers {
+                let back = ledger.reclaim_dead();
+                if back > 0 {
+                    tracing::info!(cgroup = %ledger.cgroup, bytes = back, "reclaimed the share of processes that died");
+                }
+            }
+            let mount = state.cgroup2_mount.clone();
+            state
+                .ledgers
+                .retain(|l| mount.join(l.cgroup.trim_start_matches('/')).is_dir());
+        }
+    }
+}
