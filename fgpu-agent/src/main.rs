@@ -36,6 +36,8 @@ enum Command {
     Status(cli::status::StatusArgs),
     /// Set, show and remove per-cgroup GPU limits (memory, compute share).
     Limit(cli::limit::LimitArgs),
+    /// Run a command in a fresh cgroup with GPU limits (shim preloaded), then clean up.
+    Run(cli::run::RunArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -44,6 +46,10 @@ fn main() -> std::process::ExitCode {
         Command::Agent(args) => agent::run(args),
         Command::Status(args) => cli::status::run(&args),
         Command::Limit(args) => cli::limit::run(&args),
+        Command::Run(args) => match cli::run::run(&args) {
+            Ok(code) => return code,
+            Err(err) => Err(err),
+        },
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

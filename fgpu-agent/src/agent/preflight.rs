@@ -3,6 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
+use fgpu_common::cgroup::cgroup2_mount;
+
 use anyhow::{Context, Result, bail};
 
 /// What the host provides, found by [`check`].
@@ -46,37 +48,6 @@ pub fn check() -> Result<Host> {
     Ok(Host { cgroup2_mount })
 }
 
-/// The mount point of the first cgroup2 file system in a mountinfo table.
-pub fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        // "<id> <parent> <maj:min> <root> <mount point> <opts> [optional...] - <fstype> ..."
-        let (left, right) = line.split_once(" - ")?;
-        let fstype = right.split_whitespace().next()?;
-        let mount_point = left.split_whitespace().nth(4)?;
-        (fstype == "cgroup2").then(|| PathBuf::from(unescape(mount_point)))
-    })
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(s: &str) -> String {
-    let mut out = Vec::with_capacity(s.len());
-    let b = s.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Older kernels charge eBPF maps to RLIMIT_MEMLOCK; lift it so map creation cannot fail there.
 fn raise_memlock() {
     let unlimited = libc::rlimit {
@@ -86,27 +57,5 @@ fn raise_memlock() {
     // SAFETY: `unlimited` is a valid rlimit that outlives the call.
     if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
         tracing::debug!("could not raise RLIMIT_MEMLOCK (fine on kernels ≥ 5.11)");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_unified_mount_on_hybrid_host() {
-        let info = "25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
-                    26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid shared:5 - cgroup2 cgroup2 rw\n\
-                    27 25 0:24 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
-        assert_eq!(
-            cgroup2_mount(info),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
-        assert_eq!(
-            cgroup2_mount("27 25 0:24 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw\n"),
-            None
-        );
-        let spaced = "26 25 0:23 / /mnt/my\\040cg rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(cgroup2_mount(spaced), Some(PathBuf::from("/mnt/my cg")));
     }
 }

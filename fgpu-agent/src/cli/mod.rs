@@ -2,4 +2,5 @@
 
 pub mod client;
 pub mod limit;
+pub mod run;
 pub mod status;

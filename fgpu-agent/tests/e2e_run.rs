@@ -1,0 +1,109 @@
+//! End-to-end: `fgpu run` puts a command in a fresh cgroup with limits and the shim, passes
+//! signals and the exit status through, and leaves no cgroup behind.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{Agent, SimState, cgroup2_mount, privileged, sim_dir, unique};
+
+fn fgpu_run(socket: &str, state: &SimState, name: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fgpu"));
+    cmd.args(["run", "--socket", socket, "--name", name])
+        .args(args)
+        .env("LD_LIBRARY_PATH", sim_dir())
+        .env("FGPU_SIM_STATE", &state.0);
+    cmd
+}
+
+#[test]
+fn privileged_without_an_agent_fgpu_run_falls_back_to_standalone_and_cleans_up() {
+    if !privileged() {
+        return;
+    }
+    let state = SimState::new();
+    let name = unique("e2e-run");
+    let load = sim_dir().join("fgpu-sim-load");
+    let out = fgpu_run(
+        "/nonexistent/fgpu.sock",
+        &state,
+        &name,
+        &["--memory", "1GiB", "--"],
+    )
+    .arg(&load)
+    .args(["alloc", "512MiB", "alloc", "512MiB", "info"])
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("falling back to standalone limits"),
+        "{stderr}"
+    );
+    // 1 GiB covers the context (300 MiB in the sim) and one 512 MiB allocation, not two.
+    assert!(stdout.contains("alloc ok"), "{stdout}");
+    assert!(stdout.contains("alloc fail rc=2"), "{stdout}");
+    assert!(stdout.contains("total=1073741824"), "{stdout}");
+    assert!(
+        !cgroup2_mount().join("fgpu").join(&name).exists(),
+        "the run's cgroup was left behind"
+    );
+}
+
+#[test]
+fn privileged_fgpu_run_passes_exit_status_and_signals_through() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let sock = agent.socket.to_str().unwrap().to_string();
+
+    let name = unique("e2e-exit");
+    let status = fgpu_run(&sock, &state, &name, &["--", "sh", "-c", "exit 7"])
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(7));
+
+    let name = unique("e2e-signal");
+    let mut child = fgpu_run(
+        &sock,
+        &state,
+        &name,
+        &[
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 42' TERM; echo started; while :; do sleep 0.05; done",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "started");
+    let inside = cgroup2_mount()
+        .join("fgpu")
+        .join(&name)
+        .join("cgroup.procs");
+    assert!(
+        !std::fs::read_to_string(&inside).unwrap().trim().is_empty(),
+        "the command runs in fgpu/{name}"
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(42),
+        "SIGTERM reached the command, its status came back"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!cgroup2_mount().join("fgpu").join(&name).exists());
+}
