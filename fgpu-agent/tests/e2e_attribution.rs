@@ -426,3 +426,60 @@ fn privileged_hip_probes_attach_to_debians_libamdhip64_and_failed_calls_charge_n
     );
     load.finish();
 }
+
+#[test]
+fn privileged_an_agent_restart_misses_nothing_the_probes_saw_meanwhile() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state_dir = agent.state_dir.clone();
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-e2e-restart"));
+    let other = Cgroup::new(&unique("fgpu-e2e-restart-exit"));
+    let mut load = Load::spawn(
+        &cg,
+        &state.0,
+        &[
+            "alloc", "512MiB", "alloc", "256MiB", "sleep", "1500", "free", "1", "alloc", "64MiB",
+            "hold",
+        ],
+    );
+    let mut gone = Load::spawn(&other, &state.0, &["alloc", "128MiB", "sleep", "1500"]);
+    agent.wait_for(
+        &cg,
+        "768 MiB before the crash",
+        Duration::from_secs(5),
+        |s| s.is_some_and(|s| s["memory_used_bytes"] == 768u64 << 20),
+    );
+    agent.wait_for(
+        &other,
+        "128 MiB before the crash",
+        Duration::from_secs(5),
+        |s| s.is_some(),
+    );
+    // The agent dies; meanwhile one process frees and allocates, the other exits.
+    agent.crash();
+    load.expect_line("ready");
+    assert!(gone.wait().success());
+    let agent = Agent::start_in(&state_dir, &[]);
+    let row = agent
+        .wait_for(
+            &cg,
+            "the free and the allocation made while the agent was down",
+            Duration::from_secs(5),
+            |s| s.is_some_and(|s| s["memory_used_bytes"] == (512u64 + 64) << 20),
+        )
+        .unwrap();
+    assert_eq!(row["devices"][0]["allocs"], 3, "{row}");
+    assert!(
+        agent.cgroup_status(&other).is_none(),
+        "the process that exited meanwhile was released"
+    );
+    assert!(
+        agent.log_text().contains("reusing the kernel state"),
+        "{}",
+        agent.log_text()
+    );
+    assert!(load.finish().success());
+}

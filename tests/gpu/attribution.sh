@@ -21,6 +21,7 @@ median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 agent_pid=""
 cleanup() {
   [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
+  rm -rf /sys/fs/bpf/fgpu-attr
   for n in default expandable async; do
     [ -d "$CG/fgpu-attr-$n" ] && { echo 1 > "$CG/fgpu-attr-$n/cgroup.kill" 2>/dev/null; sleep 0.2; rmdir "$CG/fgpu-attr-$n" 2>/dev/null; }
   done
@@ -28,12 +29,13 @@ cleanup() {
 trap cleanup EXIT
 
 start_agent() {
-  "$FGPU" agent --socket "$SOCK" --libcuda "$LIBCUDA" --log info > "$OUT/agent.log" 2>&1 &
+  "$FGPU" agent --socket "$SOCK" --libcuda "$LIBCUDA" --log info --bpf-dir /sys/fs/bpf/fgpu-attr \
+    --state-dir /tmp/fgpu-attr-state > "$OUT/agent.log" 2>&1 &
   agent_pid=$!
   for _ in $(seq 100); do [ -S "$SOCK" ] && return 0; sleep 0.1; done
   echo "agent did not start:"; cat "$OUT/agent.log"; exit 1
 }
-stop_agent() { kill "$agent_pid"; wait "$agent_pid" 2>/dev/null; agent_pid=""; }
+stop_agent() { kill "$agent_pid"; wait "$agent_pid" 2>/dev/null; agent_pid=""; rm -rf /sys/fs/bpf/fgpu-attr; }
 
 bench_pairs() { # prints ns per cuMemAlloc_v2+cuMemFree_v2 pair (median of 5 runs)
   for _ in 1 2 3 4 5; do

@@ -109,14 +109,23 @@ struct AgentProcess {
     child: Child,
     fgpu: PathBuf,
     socket: PathBuf,
+    /// The agent's pinned probes and maps: removed afterwards, which detaches them.
+    bpf_dir: PathBuf,
+    state_dir: PathBuf,
 }
 
 impl AgentProcess {
     fn start(fgpu: &Path) -> Result<Self> {
         let socket = PathBuf::from(format!("/tmp/fgpu-bench-{}.sock", std::process::id()));
+        let bpf_dir = PathBuf::from(format!("/sys/fs/bpf/fgpu-bench-{}", std::process::id()));
+        let state_dir = PathBuf::from(format!("/tmp/fgpu-bench-{}-state", std::process::id()));
         let child = Command::new(fgpu)
             .args(["agent", "--sim", "--log", "warn", "--socket"])
             .arg(&socket)
+            .arg("--bpf-dir")
+            .arg(&bpf_dir)
+            .arg("--state-dir")
+            .arg(&state_dir)
             .env("FGPU_SIM_DIR", sim_dir())
             .stdout(Stdio::null())
             .spawn()
@@ -153,5 +162,7 @@ impl Drop for AgentProcess {
         // SAFETY: plain kill(2) on our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.bpf_dir);
+        let _ = std::fs::remove_dir_all(&self.state_dir);
     }
 }

@@ -13,6 +13,7 @@ mod gpus;
 mod kernel;
 mod ledgers;
 mod limits;
+mod pins;
 mod preflight;
 mod probes;
 mod publisher;
@@ -41,6 +42,12 @@ pub struct AgentArgs {
     /// Where limits are kept across restarts.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/fgpu")]
     state_dir: PathBuf,
+
+    /// bpffs directory for the kernel state that outlives the agent (pinned maps and probe
+    /// links); a restarted agent takes over from it. Remove it, with the agent stopped, to
+    /// take fgpu's probes out of the kernel.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/fgpu")]
+    bpf_dir: PathBuf,
 
     /// Besides root, members of this group may use the control requests (status, limits).
     #[arg(long, value_name = "GROUP")]
@@ -86,7 +93,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         }
         .as_deref(),
     );
-    let mut probes = probes::Probes::load()?;
+    let mut probes = probes::Probes::load(&args.bpf_dir)?;
     let kernel = kernel::KernelMaps::take(&mut probes.ebpf)?;
     let ring = events::ring(&mut probes.ebpf)?;
 
@@ -105,6 +112,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         }
     }
     watcher.scan_all();
+    watcher.retire_previous();
     if watcher.attached() == 0 {
         bail!(
             "no GPU driver library found (libcuda.so.1 or libamdhip64.so; looked in the \

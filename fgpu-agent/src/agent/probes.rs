@@ -3,26 +3,47 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use aya::Ebpf;
+use aya::programs::links::FdLink;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::{TracePoint, UProbe};
+use aya::{Ebpf, EbpfLoader};
 use fgpu_common::event::ApiId;
 
 use super::discovery::Library;
+use super::pins::Pins;
 
-/// The loaded object and what it is attached to. Dropping it detaches everything.
+/// The loaded object and what it is attached to. Links are pinned (see [`super::pins`]):
+/// they stay attached when the agent exits, until the next agent retires them.
 pub struct Probes {
     pub ebpf: Ebpf,
     /// Libraries with at least one probe attached, and how many entry points each has.
     pub attached: Vec<(Library, usize)>,
+    pins: Pins,
 }
 
 impl Probes {
-    /// Loads the embedded object into the kernel and attaches the process-exit tracepoint.
-    pub fn load() -> Result<Self> {
+    /// Loads the embedded object into the kernel (reusing pinned maps in `pin_dir`) and
+    /// attaches the process-exit and exec tracepoints.
+    pub fn load(pin_dir: &Path) -> Result<Self> {
         ensure_tracefs()?;
-        let mut ebpf = Ebpf::load(fgpu_ebpf::object())
-            .context("loading fgpu's eBPF object into the kernel")?;
+        let mut pins = Pins::open(pin_dir)?;
+        let reused = pins.has_maps();
+        let mut ebpf = match load_object(&pins) {
+            Ok(ebpf) => ebpf,
+            Err(err) if reused => {
+                tracing::warn!(
+                    "the pinned maps in {} do not fit this build ({err:#}): starting with fresh \
+                     ones (usage recorded so far is lost)",
+                    pins.dir.display()
+                );
+                pins.reset_maps();
+                load_object(&pins)?
+            }
+            Err(err) => return Err(err),
+        };
+        if reused {
+            tracing::info!(dir = %pins.dir.display(), "reusing the kernel state of the previous agent");
+        }
         for name in [fgpu_ebpf::PROG_ENTER, fgpu_ebpf::PROG_LEAVE] {
             uprobe(&mut ebpf, name)?
                 .load()
@@ -34,20 +55,33 @@ impl Probes {
             .try_into()?;
         exit.load()
             .with_context(|| format!("verifying eBPF program {}", fgpu_ebpf::PROG_EXIT))?;
-        exit.attach("sched", "sched_process_exit")
+        let id = exit
+            .attach("sched", "sched_process_exit")
             .context("attaching to tracepoint sched/sched_process_exit")?;
+        pins.pin(FdLink::try_from(exit.take_link(id)?)?)?;
         let exec: &mut TracePoint = ebpf
             .program_mut(fgpu_ebpf::PROG_EXEC)
             .context("eBPF object lacks the exec program")?
             .try_into()?;
         exec.load()
             .with_context(|| format!("verifying eBPF program {}", fgpu_ebpf::PROG_EXEC))?;
-        exec.attach("sched", "sched_process_exec")
+        let id = exec
+            .attach("sched", "sched_process_exec")
             .context("attaching to tracepoint sched/sched_process_exec")?;
+        pins.pin(FdLink::try_from(exec.take_link(id)?)?)?;
         Ok(Self {
             ebpf,
             attached: Vec::new(),
+            pins,
         })
+    }
+
+    /// Detaches the previous agent's probes; call once this agent's are attached.
+    pub fn retire_previous(&mut self) {
+        let n = self.pins.retire_old();
+        if n > 0 {
+            tracing::info!(links = n, "took over from the previous agent's probes");
+        }
     }
 
     /// Attaches the entry and return probes to every allocation-class entry point that
@@ -88,10 +122,22 @@ impl Probes {
                 location: UProbeAttachLocation::Symbol(symbol),
                 cookie: Some(api as u64),
             };
-            uprobe(&mut self.ebpf, name)?.attach(point, path, UProbeScope::AllProcesses)?;
+            let prog = uprobe(&mut self.ebpf, name)?;
+            let id = prog.attach(point, path, UProbeScope::AllProcesses)?;
+            let link = FdLink::try_from(prog.take_link(id)?)
+                .context("this kernel cannot pin uprobe links (needs Linux 5.15+)")?;
+            self.pins.pin(link)?;
         }
         Ok(())
     }
+}
+
+fn load_object(pins: &Pins) -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    pins.configure(&mut loader);
+    loader
+        .load(fgpu_ebpf::object())
+        .context("loading fgpu's eBPF object into the kernel")
 }
 
 fn uprobe<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut UProbe> {

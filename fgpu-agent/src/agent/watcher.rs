@@ -61,6 +61,11 @@ impl Watcher {
         }
     }
 
+    /// Detaches the previous agent's probes (this one's are attached by now).
+    pub fn retire_previous(&mut self) {
+        self.probes.retire_previous();
+    }
+
     pub fn attached(&self) -> usize {
         self.probes.attached.len()
     }

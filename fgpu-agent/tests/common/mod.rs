@@ -112,6 +112,9 @@ pub struct Agent {
     pub socket: PathBuf,
     pub log: PathBuf,
     pub state_dir: PathBuf,
+    /// The agent's pinned kernel state (bpffs); removed on drop unless the agent "crashed".
+    pub bpf_dir: PathBuf,
+    keep_pins: bool,
 }
 
 impl Agent {
@@ -126,16 +129,34 @@ impl Agent {
         Self::start_in(&state_dir, extra)
     }
 
-    /// Starts an agent on an existing state directory (a restart).
+    /// Starts an agent on an existing state directory (a restart: the same limits file and
+    /// the same pinned kernel state).
     pub fn start_in(state_dir: &Path, extra: &[&str]) -> Self {
         let name = unique("fgpu-agent");
         let socket = std::env::temp_dir().join(format!("{name}.sock"));
+        Self::start_at(state_dir, &socket, extra)
+    }
+
+    /// Starts an agent on a given state directory and socket.
+    pub fn start_at(state_dir: &Path, socket: &Path, extra: &[&str]) -> Self {
+        let name = unique("fgpu-agent");
+        let socket = socket.to_path_buf();
+        let bpf_dir = Path::new("/sys/fs/bpf").join(format!(
+            "fgpu-test-{}",
+            state_dir
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .replace('.', "-")
+        ));
         let log = std::env::temp_dir().join(format!("{name}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
             .args(["agent", "--sim", "--log", "info", "--socket"])
             .arg(&socket)
             .arg("--state-dir")
             .arg(state_dir)
+            .arg("--bpf-dir")
+            .arg(&bpf_dir)
             .args(extra)
             .env("FGPU_SIM_DIR", sim_dir())
             .stdout(Stdio::null())
@@ -147,6 +168,8 @@ impl Agent {
             socket,
             log,
             state_dir: state_dir.to_path_buf(),
+            bpf_dir,
+            keep_pins: false,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::os::unix::net::UnixStream::connect(&agent.socket).is_err() {
@@ -254,12 +277,26 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// SIGKILLs the agent, as a crash would: its pinned kernel state stays.
+    pub fn crash(mut self) {
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+        self.keep_pins = true;
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         // SAFETY: kill on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
         let _ = std::fs::remove_file(&self.log);
+        if !self.keep_pins {
+            // Unpinning detaches the probes this agent left attached.
+            let _ = std::fs::remove_dir_all(&self.bpf_dir);
+        }
     }
 }
 
