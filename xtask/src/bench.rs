@@ -141,6 +141,8 @@ impl AgentProcess {
             child,
             fgpu: fgpu.to_path_buf(),
             socket,
+            bpf_dir,
+            state_dir,
         })
     }
 
