@@ -83,6 +83,12 @@ impl Kind {
 /// `Usage` page and the slots, shared read-write. The shim maps the two contiguously
 /// (limits at offset 0, usage at `PAGE`) so that they form one `Ledger`.
 ///
+/// OFD locks (each process's liveness lock on its slot) belong to open file descriptions,
+/// and every shim of a cgroup receives the same description: a shim must reopen the usage
+/// memfd it receives (`/proc/self/fd/N`) before locking its slot, and the usage fd it sends
+/// on a reconnect must be a fresh description nobody locks through (the agent tests slot
+/// locks through it to reclaim dead processes' shares).
+///
 /// On a reconnect the shim sends the usage memfd it holds; an agent with no ledger for that
 /// cgroup yet adopts it (so usage survives an agent restart) and answers with a new limits
 /// memfd and that same usage memfd. If the agent already has another usage memfd for the

@@ -182,6 +182,10 @@ impl Ledgers {
         let cgroup_id = std::fs::metadata(cgroup_dir)
             .with_context(|| format!("cgroup {cgroup} is gone"))?
             .ino();
+        // After an agent restart the cgroup's running shims still share their old usage
+        // memfd; adopt it from one of them so that a process starting before they reconnect
+        // joins the same count instead of a fresh one.
+        let usage = usage.or_else(|| usage_memfd_in(cgroup_dir));
         let adopted = usage.is_some();
         let ledger = Arc::new(CgroupLedger::new(cgroup, cgroup_id, usage)?);
         ledger.apply(limit);
@@ -223,6 +227,31 @@ impl Ledgers {
             .expect("ledgers lock")
             .retain(|_, l| keep(l));
     }
+}
+
+/// A usage memfd held by one of the cgroup's processes (`memfd:fgpu-usage` in
+/// `/proc/PID/fd`), opened as a new description of the same memory.
+fn usage_memfd_in(cgroup_dir: &Path) -> Option<OwnedFd> {
+    let procs = std::fs::read_to_string(cgroup_dir.join("cgroup.procs")).ok()?;
+    procs.lines().find_map(|pid| {
+        let fd_dir = Path::new("/proc").join(pid.trim()).join("fd");
+        std::fs::read_dir(&fd_dir)
+            .ok()?
+            .filter_map(Result::ok)
+            .find_map(|e| {
+                let target = std::fs::read_link(e.path()).ok()?;
+                if !target.to_string_lossy().starts_with("/memfd:fgpu-usage") {
+                    return None;
+                }
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(e.path())
+                    .ok()?;
+                let fd = OwnedFd::from(file);
+                (file_len(&fd).ok()? == USAGE_SIZE as u64).then_some(fd)
+            })
+    })
 }
 
 /// The 16 bytes of an NVML UUID string (`GPU-5e1a0000-0000-...`).

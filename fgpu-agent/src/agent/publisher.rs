@@ -31,14 +31,15 @@ pub async fn run(state: Arc<State>) {
         }
         let snap = state.kernel.lock().expect("kernel maps lock").snapshot();
         for ledger in &ledgers {
-            for (key, usage) in snap
-                .usage
-                .iter()
-                .filter(|(k, _)| k.cgroup_id == ledger.cgroup_id)
-            {
-                if let Some(uuid) = uuids.get(&key.device) {
-                    ledger.set_kernel_used(uuid, usage.bytes);
-                }
+            // Every device the ledger knows gets a figure, 0 when the kernel saw nothing, so
+            // a stale figure can never keep refusing allocations.
+            for (index, uuid) in &uuids {
+                let bytes = snap
+                    .usage
+                    .iter()
+                    .find(|(k, _)| k.cgroup_id == ledger.cgroup_id && k.device == *index)
+                    .map_or(0, |(_, u)| u.bytes);
+                ledger.set_kernel_used(uuid, bytes);
             }
         }
         n = n.wrapping_add(1);
