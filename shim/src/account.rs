@@ -122,10 +122,54 @@ pub fn dev_index(l: &Ledger, ord: CUdevice) -> Option<usize> {
     }
 }
 
-/// The limit that applies to CUDA device `ord` (ledger record `idx`).
+/// The limit that applies to CUDA device `ord` (ledger record `idx`): the ledger's (the
+/// agent's, read from the shared page on every call) lowered by the environment's, never
+/// raised.
 pub fn limit(l: &Ledger, ord: CUdevice, idx: usize) -> u64 {
     let env = config::get().limit_for_ordinal(ord.max(0) as usize);
     env.min(l.limit(idx))
+}
+
+/// What is in use on ledger device `idx`: the larger of the shims' count and what the kernel
+/// saw (written by the agent; 0 without one).
+pub fn used(l: &Ledger, idx: usize) -> u64 {
+    l.used(idx)
+        .max(l.usage.devices[idx].kernel_used.load(SeqCst))
+}
+
+/// How long a reservation that only the kernel's figure refuses waits for that figure to
+/// catch up with recent frees (the agent publishes it every 50 ms).
+const KERNEL_LAG_MS: u64 = 120;
+
+/// Reserves `bytes` if both views stay within `lim`: max(used, kernel_used) + bytes <= lim.
+fn try_reserve(
+    l: &Ledger,
+    idx: usize,
+    slot: usize,
+    bytes: u64,
+    lim: u64,
+) -> Result<u64, fgpu_common::ledger::Denied> {
+    let over = |v: u64| v.checked_add(bytes).is_none_or(|k| k > lim);
+    let kernel_used = &l.usage.devices[idx].kernel_used;
+    let mut kernel = kernel_used.load(SeqCst);
+    if over(kernel) && !over(l.used(idx)) {
+        // Only the kernel's view refuses: it may predate frees made just now (a framework
+        // that frees its cache and retries at once). Give it one publication to catch up;
+        // this is the denial path, never the fast path, and no lock is held.
+        let deadline = ledger_file::now_ms() + KERNEL_LAG_MS;
+        while over(kernel) && ledger_file::now_ms() < deadline {
+            // SAFETY: plain sleep.
+            unsafe { libc::usleep(2000) };
+            kernel = kernel_used.load(SeqCst);
+        }
+    }
+    if over(kernel) {
+        return Err(fgpu_common::ledger::Denied {
+            used: kernel.max(l.used(idx)),
+            limit: lim,
+        });
+    }
+    l.try_reserve(idx, slot, bytes, lim)
 }
 
 /// Warns once if a limit is larger than the device it applies to.
@@ -149,6 +193,7 @@ pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Ch
     let Some(ord) = ord else {
         return Ok(None);
     };
+    crate::agent_link::tick();
     let Some((l, slot)) = ledger_file::get() else {
         return Ok(None);
     };
@@ -160,11 +205,11 @@ pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Ch
         return Ok(Some(charge));
     }
     let lim = limit(l, ord, idx);
-    let near = l.used(idx).saturating_add(bytes) >= lim - lim / 10;
+    let near = used(l, idx).saturating_add(bytes) >= lim - lim / 10;
     crate::context::maybe_refresh_overhead(ord, idx, near);
-    let mut r = l.try_reserve(idx, slot, bytes, lim);
+    let mut r = try_reserve(l, idx, slot, bytes, lim);
     if r.is_err() && ledger_file::sweep() > 0 {
-        r = l.try_reserve(idx, slot, bytes, lim);
+        r = try_reserve(l, idx, slot, bytes, lim);
     }
     match r {
         Ok(_) => Ok(Some(charge)),

@@ -7,7 +7,11 @@
 //!   `CUDA_VISIBLE_DEVICES`).
 //! - `GPU_MEM_LIMIT_GB=N`: compatibility; N GiB (binary, decimals allowed) for every device. When
 //!   both are set the smaller limit applies per device.
-//! - `FGPU_LEDGER`: path of the shared ledger file (default `/dev/shm/fgpu-ledger-<uid>`).
+//! - `FGPU_SOCKET`: the fgpu agent's socket (default `/run/fgpu/fgpu.sock`). With an agent
+//!   the limits come from it; the variables above can only lower them, per device.
+//! - `FGPU_AGENT=required`: without an agent (after trying for 10 s) deny every GPU
+//!   allocation instead of falling back to the environment's limit.
+//! - `FGPU_LEDGER`: path of the standalone ledger file (default `/dev/shm/fgpu-ledger-<uid>`).
 //! - `FGPU_CONTEXT_OVERHEAD=SIZE`: charge this per process and device for the CUDA context
 //!   instead of measuring it.
 //! - `FGPU_LOG`: see [`crate::log`].
@@ -25,9 +29,15 @@ use std::sync::OnceLock;
 pub const MAX_ORDINALS: usize = 64;
 
 pub struct Config {
-    /// Some limit is set: the shim accounts and enforces. Otherwise it passes everything
-    /// through untouched.
-    pub active: bool,
+    /// The environment sets some limit (standalone mode enforces it; under an agent it can
+    /// lower the agent's).
+    pub env_limited: bool,
+    /// Which of FGPU_MEMORY_LIMIT / GPU_MEM_LIMIT_GB set a limit (for messages).
+    env_vars: &'static str,
+    /// The agent's socket.
+    pub socket: String,
+    /// FGPU_AGENT=required: fail closed without an agent.
+    pub agent_required: bool,
     default_limit: u64,
     per_device: [u64; MAX_ORDINALS],
     pub ledger_path: String,
@@ -39,6 +49,11 @@ pub struct Config {
 }
 
 impl Config {
+    /// The environment variables that set a limit, for messages.
+    pub fn env_vars(&self) -> &'static str {
+        self.env_vars
+    }
+
     /// The configured limit for CUDA ordinal `ord` (NO_LIMIT if none).
     pub fn limit_for_ordinal(&self, ord: usize) -> u64 {
         match self.per_device.get(ord) {
@@ -79,10 +94,14 @@ pub fn get() -> &'static Config {
     CONFIG.get_or_init(read)
 }
 
-/// Whether limits are enforced (reads the environment on first use).
+/// Whether the shim accounts and enforces: an agent handed over a ledger, or the environment
+/// sets a limit. Decided at the first call (which connects to the agent); cheap afterwards.
 pub fn active() -> bool {
-    get().active
+    crate::ledger_file::active()
 }
+
+/// The agent's socket unless FGPU_SOCKET says otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/fgpu/fgpu.sock";
 
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
@@ -97,11 +116,13 @@ fn read() -> Config {
     }
     let mut default_limit = NO_LIMIT;
     let mut per_device = [NO_LIMIT; MAX_ORDINALS];
+    let (mut by_fgpu, mut by_compat) = (false, false);
     if let Some(v) = env("FGPU_MEMORY_LIMIT") {
         match parse_limits(&v) {
             Ok((d, p)) => {
                 default_limit = d;
                 per_device = p;
+                by_fgpu = true;
             }
             Err(e) => error!("FGPU_MEMORY_LIMIT={v} ignored (no limit from it): {e}"),
         }
@@ -109,6 +130,7 @@ fn read() -> Config {
     if let Some(v) = env("GPU_MEM_LIMIT_GB") {
         match parse_gb(&v) {
             Ok(compat) => {
+                by_compat = true;
                 default_limit = default_limit.min(compat);
                 for l in per_device.iter_mut().filter(|l| **l != NO_LIMIT) {
                     *l = (*l).min(compat);
@@ -117,7 +139,24 @@ fn read() -> Config {
             Err(e) => error!("GPU_MEM_LIMIT_GB={v} ignored (no limit from it): {e}"),
         }
     }
-    let active = default_limit != NO_LIMIT || per_device.iter().any(|&l| l != NO_LIMIT);
+    let env_limited = default_limit != NO_LIMIT || per_device.iter().any(|&l| l != NO_LIMIT);
+    let env_vars = match (by_fgpu, by_compat) {
+        (true, true) => "FGPU_MEMORY_LIMIT and GPU_MEM_LIMIT_GB",
+        (false, true) => "GPU_MEM_LIMIT_GB",
+        _ => "FGPU_MEMORY_LIMIT",
+    };
+    let socket = env("FGPU_SOCKET").unwrap_or_else(|| DEFAULT_SOCKET.to_string());
+    let agent_required = match env("FGPU_AGENT") {
+        None => false,
+        Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "required" => true,
+            "auto" => false,
+            _ => {
+                error!("FGPU_AGENT={v} is not 'required' or 'auto': using auto");
+                false
+            }
+        },
+    };
     if default_limit == 0 || per_device.contains(&0) {
         warning!("a GPU memory limit of 0 is set: every GPU allocation will be denied");
     }
@@ -138,9 +177,9 @@ fn read() -> Config {
     let visible = std::env::var("CUDA_VISIBLE_DEVICES")
         .ok()
         .map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
-    if active {
+    if env_limited {
         log::info!(
-            "memory limit {} ({} device entries), ledger {ledger_path}",
+            "environment memory limit {} ({} device entries); standalone ledger {ledger_path}",
             if default_limit == NO_LIMIT {
                 "per device".to_string()
             } else {
@@ -150,7 +189,10 @@ fn read() -> Config {
         );
     }
     Config {
-        active,
+        env_limited,
+        env_vars,
+        socket,
+        agent_required,
         default_limit,
         per_device,
         ledger_path,
@@ -241,7 +283,10 @@ mod tests {
     #[test]
     fn nvml_ordinals_follow_visible_devices() {
         let mut c = Config {
-            active: true,
+            env_limited: true,
+            env_vars: "FGPU_MEMORY_LIMIT",
+            socket: String::new(),
+            agent_required: false,
             default_limit: NO_LIMIT,
             per_device: [NO_LIMIT; MAX_ORDINALS],
             ledger_path: String::new(),

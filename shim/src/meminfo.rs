@@ -43,7 +43,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     let (pf, pt) = unsafe { (free.read_unaligned() as u64, total.read_unaligned() as u64) };
     account::check_limit_vs_device(limit, pt, ord);
     let t = pt.min(limit);
-    let f = pf.min(t.saturating_sub(l.used(idx)));
+    let f = pf.min(t.saturating_sub(account::used(l, idx)));
     // SAFETY: writing the caller's out-pointers.
     unsafe {
         free.write_unaligned(f as usize);

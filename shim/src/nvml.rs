@@ -152,7 +152,7 @@ fn with_view(dev: NvmlDevice, total: &mut u64) -> Option<u64> {
     *total = (*total).min(limit);
     ledger_file::sweep_if_due();
     let (l, _) = ledger_file::get()?;
-    Some(l.used(idx))
+    Some(account::used(l, idx))
 }
 
 /// # Safety

@@ -172,7 +172,7 @@ impl Ledgers {
         &self,
         cgroup: &str,
         cgroup_dir: &Path,
-        usage: Option<OwnedFd>,
+        mut usage: Option<OwnedFd>,
         limit: &Limit,
     ) -> Result<Arc<CgroupLedger>> {
         let mut map = self.by_cgroup.lock().expect("ledgers lock");
@@ -185,20 +185,23 @@ impl Ledgers {
         // After an agent restart the cgroup's running shims still share their old usage
         // memfd; adopt it from one of them so that a process starting before they reconnect
         // joins the same count instead of a fresh one.
-        let usage = usage.or_else(|| usage_memfd_in(cgroup_dir));
-        let adopted = usage.is_some();
+        let source = match (
+            &usage,
+            usage
+                .is_none()
+                .then(|| usage_memfd_in(cgroup_dir))
+                .flatten(),
+        ) {
+            (Some(_), _) => "adopted from a reconnecting shim",
+            (None, Some(found)) => {
+                usage = Some(found);
+                "adopted from a running process of the cgroup"
+            }
+            (None, None) => "created",
+        };
         let ledger = Arc::new(CgroupLedger::new(cgroup, cgroup_id, usage)?);
         ledger.apply(limit);
-        tracing::info!(
-            cgroup,
-            adopted,
-            "ledger {}",
-            if adopted {
-                "adopted from a reconnecting shim"
-            } else {
-                "created"
-            }
-        );
+        tracing::info!(cgroup, "ledger {source}");
         map.insert(cgroup.to_string(), Arc::clone(&ledger));
         Ok(ledger)
     }

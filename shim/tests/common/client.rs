@@ -3,7 +3,8 @@
 //! libcuda.so.1, `dlsym` only `cuInit` and `cuGetProcAddress_v2`, and get every other entry
 //! point from `cuGetProcAddress_v2`. One output line per result.
 //!
-//! Modes: `race THREADS CHUNK_MIB CHURN`, `fork`, `nvml2`, `rtld`, `probe`.
+//! Modes: `race THREADS CHUNK_MIB CHURN`, `fork`, `fork-fresh`, `nvml2`, `rtld`, `probe`,
+//! `watch-total`.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -374,6 +375,43 @@ fn probe() {
     ));
 }
 
+/// Polls cuMemGetInfo until the total changes (a limit set from outside reached this
+/// process), then prints when it saw it (CLOCK_MONOTONIC ns: the same clock in every PID
+/// namespace). Gives up after 20 s.
+fn watch_total() {
+    let cuda = Cuda::open().expect("driver");
+    cuda.context().expect("context");
+    let i = f!(cuda, "cuMemGetInfo", Info);
+    let total = || {
+        let (mut fr, mut t) = (0usize, 0usize);
+        // SAFETY: documented signature, valid out-pointers.
+        unsafe { i(&mut fr, &mut t) };
+        t
+    };
+    let t0 = total();
+    out(format!("watch start total={t0}"));
+    let start = std::time::Instant::now();
+    loop {
+        let t = total();
+        if t != t0 {
+            let mut ts = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: valid out-pointer.
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+            let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+            out(format!("watch changed total={t} mono_ns={ns}"));
+            return;
+        }
+        if start.elapsed() > std::time::Duration::from_secs(20) {
+            out("watch timeout".into());
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
 /// Runs the client selected by FGPU_TEST_CLIENT, if any; returns false if none.
 pub fn main() -> bool {
     let Ok(mode) = std::env::var("FGPU_TEST_CLIENT") else {
@@ -391,6 +429,7 @@ pub fn main() -> bool {
         "nvml2" => nvml_lines(""),
         "rtld" => rtld(),
         "probe" => probe(),
+        "watch-total" => watch_total(),
         other => panic!("unknown client mode {other}"),
     }
     true

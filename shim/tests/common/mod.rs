@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod client;
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -16,6 +17,8 @@ pub const GIB: u64 = 1 << 30;
 /// What fgpu-sim charges per process context (FGPU_SIM_CONTEXT_OVERHEAD default).
 pub const OVERHEAD: u64 = 300 * MIB;
 pub const DEVICE: u64 = 16 * GIB;
+/// A socket path where no agent listens (standalone tests).
+pub const NO_AGENT: &str = "/nonexistent/fgpu-test/fgpu.sock";
 
 /// target/<profile>, found from this test binary (target/<profile>/deps/<name>-<hash>).
 pub fn target_dir() -> PathBuf {
@@ -119,6 +122,8 @@ impl World {
             .env("FGPU_SIM_STATE", &self.state)
             .env("FGPU_SIM_MEMORY", "16GiB")
             .env("FGPU_LEDGER", &self.ledger)
+            // Standalone mode, whatever runs on this machine: no agent at this socket.
+            .env("FGPU_SOCKET", NO_AGENT)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -1,0 +1,454 @@
+//! Harness for the shim-with-agent tests: the real `fgpu agent --sim`, real cgroups in the v2
+//! hierarchy, and workloads (fgpu-sim-load, or this test binary as a client) with the shim
+//! preloaded, each in its own PID namespace like a container.
+//!
+//! Tests named `privileged_*` need root. Without root they fail, unless
+//! `FGPU_SKIP_PRIVILEGED=1` asks to skip them.
+
+use super::{NO_AGENT, target_dir};
+use std::ffi::CString;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// True if the test may run; false if it is explicitly skipped; panics if it cannot run.
+pub fn privileged() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var_os("FGPU_SKIP_PRIVILEGED").is_some() {
+        eprintln!("SKIPPED: not root and FGPU_SKIP_PRIVILEGED is set");
+        return false;
+    }
+    panic!("this test needs root (eBPF, cgroups, PID namespaces); run it as root");
+}
+
+/// A name unique to this test run.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// CLOCK_MONOTONIC in nanoseconds (shared by all PID namespaces of the host).
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn need(p: PathBuf) -> PathBuf {
+    assert!(
+        p.exists(),
+        "{} is missing: build first (`cargo build -p fgpu-shim -p fgpu-sim -p fgpu-agent` with \
+         the same profile and target dir)",
+        p.display()
+    );
+    p
+}
+
+/// Where the cgroup v2 hierarchy is mounted on this host.
+pub fn cgroup2_mount() -> PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            (right.split_whitespace().next()? == "cgroup2")
+                .then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap()))
+        })
+        .expect("no cgroup2 mount")
+}
+
+/// A cgroup created for one test; its processes are killed and it is removed on drop.
+pub struct Cgroup {
+    pub dir: PathBuf,
+    /// The path as fgpu names it (relative to the v2 root).
+    pub path: String,
+}
+
+impl Cgroup {
+    pub fn new(name: &str) -> Self {
+        let dir = cgroup2_mount().join(name);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        Self {
+            dir,
+            path: format!("/{name}"),
+        }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// One test's world: the simulated driver in a directory of its own (libcuda.so.1 and
+/// libnvidia-ml.so.1 → libfgpu_sim.so, fgpu-sim-load), a simulated device state file, and
+/// paths for an agent's socket, state and pinned kernel state.
+pub struct AgentWorld {
+    pub sim_dir: PathBuf,
+    pub sim_state: PathBuf,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    pub bpf_dir: PathBuf,
+    pub shim: PathBuf,
+    pub fgpu: PathBuf,
+    pub load: PathBuf,
+}
+
+impl AgentWorld {
+    pub fn new(name: &str) -> Self {
+        let t = target_dir();
+        let shim = need(t.join("libfgpu.so"));
+        let sim = need(t.join("libfgpu_sim.so"));
+        let load = need(t.join("fgpu-sim-load"));
+        let fgpu = need(t.join("fgpu"));
+        let u = unique(name);
+        let base = std::env::temp_dir().join(format!("fgpu-shim-agent-{u}"));
+        let _ = std::fs::remove_dir_all(&base);
+        let sim_dir = base.join("sim");
+        std::fs::create_dir_all(&sim_dir).unwrap();
+        for n in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+            std::os::unix::fs::symlink(&sim, sim_dir.join(n)).unwrap();
+        }
+        std::os::unix::fs::symlink(&load, sim_dir.join("fgpu-sim-load")).unwrap();
+        Self {
+            sim_state: Path::new("/dev/shm").join(format!("fgpu-shim-agent-sim-{u}")),
+            socket: base.join("fgpu.sock"),
+            state_dir: base.join("state"),
+            bpf_dir: Path::new("/sys/fs/bpf").join(format!("fgpu-shim-test-{u}")),
+            sim_dir,
+            shim,
+            fgpu,
+            load: base.join("sim/fgpu-sim-load"),
+        }
+    }
+
+    /// Starts `fgpu agent --sim` on this world's socket, state and pinned kernel state (a
+    /// second start after [`Agent::crash`] is a restart).
+    pub fn agent(&self) -> Agent {
+        let log = self
+            .state_dir
+            .with_file_name(format!("agent-{}.log", unique("log")));
+        let child = Command::new(&self.fgpu)
+            .args(["agent", "--sim", "--log", "info", "--socket"])
+            .arg(&self.socket)
+            .arg("--state-dir")
+            .arg(&self.state_dir)
+            .arg("--bpf-dir")
+            .arg(&self.bpf_dir)
+            .env("FGPU_SIM_DIR", &self.sim_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting fgpu agent");
+        let mut agent = Agent {
+            child,
+            log,
+            bpf_dir: self.bpf_dir.clone(),
+            keep_pins: false,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            if let Ok(Some(status)) = agent.child.try_wait() {
+                panic!(
+                    "the agent exited ({status}) before serving:\n{}",
+                    agent.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not start:\n{}",
+                agent.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        agent
+    }
+
+    /// `fgpu limit set CGROUP --memory SIZE`; panics if refused.
+    pub fn set_limit(&self, cg: &Cgroup, size: &str) {
+        let out = Command::new(&self.fgpu)
+            .args(["limit", "set", &cg.path, "--memory", size, "--socket"])
+            .arg(&self.socket)
+            .output()
+            .expect("running fgpu limit set");
+        assert!(
+            out.status.success(),
+            "fgpu limit set failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A command in `cg` and a PID namespace of its own (with its own /proc), the sim on the
+    /// library path, the shim preloaded, talking to this world's agent socket.
+    fn command(&self, cg: &Cgroup, env: &[(&str, &str)], program: &Path, args: &[&str]) -> Command {
+        let procs = CString::new(cg.dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .arg(program)
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("LD_LIBRARY_PATH", &self.sim_dir)
+            .env("LD_PRELOAD", &self.shim)
+            .env("FGPU_SIM_STATE", &self.sim_state)
+            .env("FGPU_SIM_MEMORY", "16GiB")
+            .env("FGPU_SOCKET", &self.socket)
+            // Every process here is pid 1 in its namespace, and so is every other for the
+            // simulated NVML: per-process figures would mix processes up. Configure it.
+            .env("FGPU_CONTEXT_OVERHEAD", "300MiB")
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: the closure only calls async-signal-safe functions (open, write, close) on
+        // memory prepared before fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        cmd
+    }
+
+    /// fgpu-sim-load ARGS in `cg`, running in the background.
+    pub fn load(&self, cg: &Cgroup, env: &[(&str, &str)], args: &[&str]) -> Proc {
+        Proc::start(self.command(cg, env, &self.load, args))
+    }
+
+    /// This test binary as a client (see `client`) in `cg`.
+    pub fn client(&self, cg: &Cgroup, env: &[(&str, &str)], mode: &str, args: &[&str]) -> Proc {
+        let exe = std::env::current_exe().unwrap();
+        let mut c = self.command(
+            cg,
+            env,
+            &exe,
+            &[
+                "--exact",
+                "client_entry",
+                "--nocapture",
+                "-q",
+                "--test-threads=1",
+            ],
+        );
+        c.env("FGPU_TEST_CLIENT", mode)
+            .env("FGPU_TEST_CLIENT_ARGS", args.join(" "));
+        Proc::start(c)
+    }
+}
+
+impl Drop for AgentWorld {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.sim_state);
+        if let Some(base) = self.sim_dir.parent() {
+            let _ = std::fs::remove_dir_all(base);
+        }
+        let _ = std::fs::remove_dir_all(&self.bpf_dir);
+    }
+}
+
+/// A running agent; SIGTERMed on drop.
+pub struct Agent {
+    child: Child,
+    pub log: PathBuf,
+    bpf_dir: PathBuf,
+    keep_pins: bool,
+}
+
+impl Agent {
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILLs the agent, as a crash would (its pinned kernel state stays for the next).
+    pub fn crash(mut self) {
+        self.keep_pins = true;
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        if !self.keep_pins {
+            let _ = std::fs::remove_dir_all(&self.bpf_dir);
+        }
+    }
+}
+
+/// A process started by [`AgentWorld::load`] or [`AgentWorld::client`]: stdout read line by
+/// line, stderr collected in the background.
+pub struct Proc {
+    child: Child,
+    out: BufReader<ChildStdout>,
+    err: Option<std::thread::JoinHandle<String>>,
+    pub lines: Vec<String>,
+}
+
+impl Proc {
+    fn start(mut c: Command) -> Self {
+        let mut child = c.spawn().expect("spawn");
+        let stderr = child.stderr.take().unwrap();
+        let err = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s);
+            s
+        });
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Proc {
+            child,
+            out,
+            err: Some(err),
+            lines: Vec::new(),
+        }
+    }
+
+    /// Reads output lines until one starts with `prefix` (within 30 s); returns it.
+    pub fn expect(&mut self, prefix: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut line = String::new();
+            let n = self.out.read_line(&mut line).unwrap_or(0);
+            assert!(
+                n > 0,
+                "the process ended before printing '{prefix}'; output so far: {:#?}",
+                self.lines
+            );
+            let line = line.trim_end().to_string();
+            self.lines.push(line.clone());
+            if line.starts_with(prefix) {
+                return line;
+            }
+            assert!(Instant::now() < deadline, "no '{prefix}' within 30 s");
+        }
+    }
+
+    /// Lets a `hold` go on (closes stdin).
+    pub fn release(&mut self) {
+        if let Some(mut i) = self.child.stdin.take() {
+            let _ = i.flush();
+        }
+    }
+
+    /// Waits for the end (stdin closed); returns (exit code, all stdout lines, stderr).
+    pub fn finish(mut self) -> Finished {
+        self.release();
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut self.out, &mut rest);
+        self.lines.extend(rest.lines().map(str::to_string));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let code = loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                break st.code();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process did not finish: {:?}",
+                self.lines
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Finished {
+            code,
+            lines: std::mem::take(&mut self.lines),
+            stderr: self
+                .err
+                .take()
+                .map(|e| e.join().unwrap())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a finished process printed.
+#[derive(Debug)]
+pub struct Finished {
+    pub code: Option<i32>,
+    pub lines: Vec<String>,
+    pub stderr: String,
+}
+
+impl Finished {
+    /// Results of the alloc steps, in order: Ok(size) or Err(rc).
+    pub fn allocs(&self) -> Vec<Result<u64, u64>> {
+        allocs(&self.lines)
+    }
+
+    /// The first line starting with `prefix`.
+    pub fn line(&self, prefix: &str) -> &str {
+        self.lines
+            .iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no '{prefix}' line in {self}"))
+    }
+}
+
+impl std::fmt::Display for Finished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code,
+            self.lines.join("\n"),
+            self.stderr
+        )
+    }
+}
+
+/// Alloc results of fgpu-sim-load lines.
+pub fn allocs(lines: &[String]) -> Vec<Result<u64, u64>> {
+    lines
+        .iter()
+        .filter(|l| l.starts_with("alloc "))
+        .map(|l| {
+            if l.starts_with("alloc ok") {
+                Ok(super::field(l, "size"))
+            } else {
+                Err(super::field(l, "rc"))
+            }
+        })
+        .collect()
+}
+
+/// Standalone: the default socket path must not be used by accident in these tests.
+pub const NOWHERE: &str = NO_AGENT;
