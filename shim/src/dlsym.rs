@@ -71,7 +71,18 @@ extern "C" fn rtld_next_lookup(name: *const c_char) -> *mut c_void {
     }
     // SAFETY: dlsym's contract: a NUL-terminated symbol name.
     let n = unsafe { CStr::from_ptr(name) }.to_bytes();
-    if !candidate(n) || !crate::config::active() {
+    if !candidate(n) {
+        return std::ptr::null_mut();
+    }
+    if let Some((wrapper, raw)) = crate::launch::wrapper_by_name(n) {
+        // Launch entry points: always ours (one atomic load while nothing is gated).
+        return if raw.addr() != 0 {
+            wrapper as *mut c_void
+        } else {
+            std::ptr::null_mut()
+        };
+    }
+    if !crate::config::active() {
         return std::ptr::null_mut();
     }
     match crate::gpa::wrapper_by_name(n) {
@@ -91,9 +102,15 @@ extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
     if !candidate(n) {
         return p;
     }
-    let Some((wrapper, raw)) = crate::gpa::wrapper_by_name(n) else {
-        return p;
+    // Launch entry points are wrapped with or without a limit (see crate::launch).
+    let (wrapper, raw, always) = match crate::launch::wrapper_by_name(n) {
+        Some((w, r)) => (w, r, true),
+        None => match crate::gpa::wrapper_by_name(n) {
+            Some((w, r)) => (w, r, false),
+            None => return p,
+        },
     };
+    let enforce = || always || crate::config::active();
     let pu = p as usize;
     if pu == wrapper {
         // Our own export (RTLD_DEFAULT or a handle of the main program): only meaningful
@@ -101,7 +118,7 @@ extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
         if raw.addr() == 0 {
             return std::ptr::null_mut();
         }
-        return if crate::config::active() {
+        return if enforce() {
             p
         } else {
             raw.addr() as *mut c_void
@@ -111,7 +128,7 @@ extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
         // The driver was loaded under a name RTLD_NOLOAD does not know: use this handle.
         real::adopt(raw.lib, handle as usize);
     }
-    if raw.addr() == pu && crate::config::active() {
+    if raw.addr() == pu && enforce() {
         return wrapper as *mut c_void;
     }
     p

@@ -74,8 +74,10 @@ wraps! {
 }
 
 /// Replaces a real entry point the driver handed out with our wrapper of the same variant.
+/// Launch entry points are wrapped whether or not a limit is set (crate::launch: one atomic
+/// load while nothing is gated); the others only while the shim enforces.
 fn substitute(pfn: *mut *mut c_void) {
-    if pfn.is_null() || !crate::config::active() {
+    if pfn.is_null() {
         return;
     }
     // SAFETY: the caller's out-pointer, just written by the driver.
@@ -83,7 +85,12 @@ fn substitute(pfn: *mut *mut c_void) {
     if p == 0 {
         return;
     }
-    if let Some(w) = wrapper_by_real(p) {
+    let w = match crate::launch::wrapper_by_real(p) {
+        Some(w) => Some(w),
+        None if crate::config::active() => wrapper_by_real(p),
+        None => None,
+    };
+    if let Some(w) = w {
         // SAFETY: writing the caller's out-pointer.
         unsafe { pfn.write_unaligned(w as *mut c_void) };
     }

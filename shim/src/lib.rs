@@ -1,26 +1,33 @@
 //! libfgpu: preloaded into workloads (`LD_PRELOAD=libfgpu.so`) to make a container's GPU
 //! memory limit real for unmodified CUDA programs. See docs/shim.md.
 //!
-//! Standalone mode: the limit comes from the environment (`FGPU_MEMORY_LIMIT`,
-//! `GPU_MEM_LIMIT_GB`), and all processes of the container share one ledger in shared memory
-//! (`fgpu_common::ledger`). Without a limit, or without a driver, the shim passes everything
-//! through untouched.
+//! With the fgpu agent, the limits come from the agent, which hands over the cgroup's ledger
+//! (`fgpu_common::ledger`) as two memfds: limits read-only, usage shared by all processes of
+//! the cgroup. Without an agent (standalone mode) the limit comes from the environment
+//! (`FGPU_MEMORY_LIMIT`, `GPU_MEM_LIMIT_GB`, which under an agent can only lower its limit),
+//! and the processes of the container share one ledger file in shared memory. Without either,
+//! or without a driver, the shim passes everything through untouched.
 //!
 //! - [`dlsym`]: `dlsym` interposition; [`gpa`]: `cuGetProcAddress(_v2)` wrappers and the
 //!   table of wrapped entry points; [`real`]: the real driver entry points.
 //! - [`alloc`], [`pool`], [`vmm`], [`array`]: allocation and free paths; [`account`]: the
 //!   accounting they share; [`table`]: per-process pointer/handle tables.
 //! - [`context`]: context overhead; [`meminfo`], [`nvml`]: memory-info answers.
-//! - [`ledger_file`]: the shared ledger file and process slots; [`fork`]; [`config`]; [`log`].
+//! - [`ledger_file`]: where the ledger comes from (the agent, the standalone file) and process
+//!   slots; [`agent_link`]: the agent connection (Hello, the two memfds, reconnects); [`fork`];
+//!   [`config`]; [`log`].
 
 mod account;
+mod agent_link;
 mod alloc;
 mod array;
 mod config;
 mod context;
 mod dlsym;
 mod fork;
+mod gate;
 mod gpa;
+mod launch;
 mod ledger_file;
 mod log;
 mod meminfo;

@@ -151,6 +151,21 @@ syms! {
         fn(*mut Handle, CUdevice) -> CUresult;
     CU_DEVICE_PRIMARY_CTX_RELEASE Cuda c"cuDevicePrimaryCtxRelease_v2": fn(CUdevice) -> CUresult;
     CU_DEVICE_PRIMARY_CTX_RESET Cuda c"cuDevicePrimaryCtxReset_v2": fn(CUdevice) -> CUresult;
+    // Launches (compute shares, crate::launch); `_ptsz` variants are separate entries.
+    CU_LAUNCH_KERNEL Cuda c"cuLaunchKernel": fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint,
+        c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void) -> CUresult;
+    CU_LAUNCH_KERNEL_PTSZ Cuda c"cuLaunchKernel_ptsz": fn(Handle, c_uint, c_uint, c_uint, c_uint,
+        c_uint, c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void) -> CUresult;
+    CU_LAUNCH_KERNEL_EX Cuda c"cuLaunchKernelEx":
+        fn(*const LaunchConfigHead, Handle, *mut *mut c_void, *mut *mut c_void) -> CUresult;
+    CU_LAUNCH_KERNEL_EX_PTSZ Cuda c"cuLaunchKernelEx_ptsz":
+        fn(*const LaunchConfigHead, Handle, *mut *mut c_void, *mut *mut c_void) -> CUresult;
+    CU_LAUNCH_COOPERATIVE_KERNEL Cuda c"cuLaunchCooperativeKernel": fn(Handle, c_uint, c_uint,
+        c_uint, c_uint, c_uint, c_uint, c_uint, Handle, *mut *mut c_void) -> CUresult;
+    CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ Cuda c"cuLaunchCooperativeKernel_ptsz": fn(Handle, c_uint,
+        c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Handle, *mut *mut c_void) -> CUresult;
+    CU_GRAPH_LAUNCH Cuda c"cuGraphLaunch": fn(Handle, Handle) -> CUresult;
+    CU_GRAPH_LAUNCH_PTSZ Cuda c"cuGraphLaunch_ptsz": fn(Handle, Handle) -> CUresult;
     // Helpers, never wrapped.
     CU_CTX_GET_DEVICE Cuda c"cuCtxGetDevice": fn(*mut CUdevice) -> CUresult;
     CU_DEVICE_GET_UUID_V2 Cuda c"cuDeviceGetUuid_v2": fn(*mut [u8; 16], CUdevice) -> CUresult;
@@ -158,6 +173,19 @@ syms! {
     CU_DEVICE_GET_MEM_POOL Cuda c"cuDeviceGetMemPool": fn(*mut Handle, CUdevice) -> CUresult;
     CU_DEVICE_GET_DEFAULT_MEM_POOL Cuda c"cuDeviceGetDefaultMemPool":
         fn(*mut Handle, CUdevice) -> CUresult;
+    // The launch gate's helpers (crate::gate), never wrapped.
+    CU_CTX_GET_CURRENT Cuda c"cuCtxGetCurrent": fn(*mut Handle) -> CUresult;
+    CU_EVENT_CREATE Cuda c"cuEventCreate": fn(*mut Handle, c_uint) -> CUresult;
+    CU_EVENT_DESTROY Cuda c"cuEventDestroy_v2": fn(Handle) -> CUresult;
+    CU_EVENT_RECORD Cuda c"cuEventRecord": fn(Handle, Handle) -> CUresult;
+    CU_EVENT_QUERY Cuda c"cuEventQuery": fn(Handle) -> CUresult;
+    CU_EVENT_SYNCHRONIZE Cuda c"cuEventSynchronize": fn(Handle) -> CUresult;
+    CU_EVENT_ELAPSED_TIME Cuda c"cuEventElapsedTime": fn(*mut f32, Handle, Handle) -> CUresult;
+    CU_EVENT_ELAPSED_TIME_V2 Cuda c"cuEventElapsedTime_v2":
+        fn(*mut f32, Handle, Handle) -> CUresult;
+    CU_STREAM_IS_CAPTURING Cuda c"cuStreamIsCapturing": fn(Handle, *mut c_int) -> CUresult;
+    CU_THREAD_EXCHANGE_STREAM_CAPTURE_MODE Cuda c"cuThreadExchangeStreamCaptureMode":
+        fn(*mut c_int) -> CUresult;
 
     NVML_DEVICE_GET_MEMORY_INFO Nvml c"nvmlDeviceGetMemoryInfo":
         fn(NvmlDevice, *mut NvmlMemory) -> NvmlReturn;
@@ -181,6 +209,19 @@ pub struct AllocPropHead {
     pub location_type: c_int,
     pub location_id: c_int,
 }
+
+/// Head of `CUlaunchConfig` (cuLaunchKernelEx): grid, block, shared memory, then the stream
+/// at offset 32.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchConfigHead {
+    pub grid: [c_uint; 3],
+    pub block: [c_uint; 3],
+    pub shared_mem_bytes: c_uint,
+    pub stream: Handle,
+}
+
+const _: () = assert!(std::mem::offset_of!(LaunchConfigHead, stream) == 32);
 
 /// Head of `CUmemPoolProps` (same head as `CUmemAllocationProp`).
 pub type PoolPropsHead = AllocPropHead;
