@@ -165,7 +165,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
         served
     });
     let _ = std::fs::remove_file(&args.socket);
-    tracing::info!("fgpu agent stopped; probes detached");
+    tracing::info!(
+        bpf_dir = %args.bpf_dir.display(),
+        "fgpu agent stopped; the probes stay attached (pinned) until the next agent takes over"
+    );
     result
 }
 
