@@ -57,6 +57,13 @@ pub fn real_dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     unsafe { ensure_real()(handle, name) }
 }
 
+/// `cuGetProcAddress` and `_v2`: always ours, because the CUDA runtime takes every other entry
+/// point, the launch ones included, from them. Without a memory limit they substitute only
+/// the launch entry points.
+fn is_gpa(name: &[u8]) -> bool {
+    name == b"cuGetProcAddress" || name == b"cuGetProcAddress_v2"
+}
+
 /// Whether `name` can be one of ours at all (cheap filter before comparing names).
 fn candidate(name: &[u8]) -> bool {
     name.starts_with(b"cu") || name.starts_with(b"nvml")
@@ -82,7 +89,7 @@ extern "C" fn rtld_next_lookup(name: *const c_char) -> *mut c_void {
             std::ptr::null_mut()
         };
     }
-    if !crate::config::active() {
+    if !crate::config::active() && !is_gpa(n) {
         return std::ptr::null_mut();
     }
     match crate::gpa::wrapper_by_name(n) {
@@ -102,11 +109,12 @@ extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
     if !candidate(n) {
         return p;
     }
-    // Launch entry points are wrapped with or without a limit (see crate::launch).
+    // Launch entry points are wrapped with or without a limit (see crate::launch), and so
+    // is cuGetProcAddress, through which the CUDA runtime reaches them.
     let (wrapper, raw, always) = match crate::launch::wrapper_by_name(n) {
         Some((w, r)) => (w, r, true),
         None => match crate::gpa::wrapper_by_name(n) {
-            Some((w, r)) => (w, r, false),
+            Some((w, r)) => (w, r, is_gpa(n)),
             None => return p,
         },
     };

@@ -128,7 +128,30 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(symbol, pfn, version, flags, status) };
     if rc == 0 {
+        let driver = read(pfn);
         substitute(pfn);
+        trace_request(symbol, driver, read(pfn), version, flags);
     }
     rc
+}
+
+fn read(pfn: *mut *mut c_void) -> usize {
+    if pfn.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller's out-pointer (checked non-null), written by the driver.
+    unsafe { pfn.read_unaligned() as usize }
+}
+
+/// At `FGPU_LOG=debug`, one line per entry point handed out: which, and whether we wrapped it.
+fn trace_request(symbol: *const c_char, driver: usize, given: usize, version: c_int, flags: u64) {
+    if !crate::log::enabled(crate::log::Level::Debug) || symbol.is_null() {
+        return;
+    }
+    // SAFETY: the caller's NUL-terminated symbol name (checked non-null).
+    let name = unsafe { std::ffi::CStr::from_ptr(symbol) };
+    crate::log::debug!(
+        "cuGetProcAddress_v2({name:?}, {version}, {flags}) -> {driver:#x}{}",
+        if given != driver { " (wrapped)" } else { "" }
+    );
 }
