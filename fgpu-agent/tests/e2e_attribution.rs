@@ -334,7 +334,7 @@ fn privileged_a_containers_own_copy_is_found_and_each_inode_probed_once() {
             "--lib",
             copy.to_str().unwrap(),
             "sleep",
-            "2500",
+            "5000",
             "alloc",
             "10MiB",
             "hold",
@@ -347,7 +347,7 @@ fn privileged_a_containers_own_copy_is_found_and_each_inode_probed_once() {
             "--lib",
             link.to_str().unwrap(),
             "sleep",
-            "2500",
+            "5000",
             "alloc",
             "20MiB",
             "hold",
@@ -398,7 +398,7 @@ fn privileged_hip_probes_attach_to_debians_libamdhip64_and_failed_calls_charge_n
     let script = format!(
         "import ctypes, time\n\
          lib = ctypes.CDLL('{hip}')\n\
-         time.sleep(2.5)\n\
+         time.sleep(5)\n\
          p = ctypes.c_void_p()\n\
          print('hipMalloc', lib.hipMalloc(ctypes.byref(p), ctypes.c_size_t(256 << 20)), flush=True)\n\
          print('hipFree', lib.hipFree(p), flush=True)\n\

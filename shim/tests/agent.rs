@@ -343,7 +343,7 @@ fn privileged_an_agent_restart_under_load_loses_no_limit_and_no_usage() {
         &[("FGPU_LOG", "info")],
         &[
             "alloc", "512MiB", "hold", "alloc", "256MiB", "alloc", "212MiB", "alloc", "1", "info",
-            "sleep", "2500", "alloc", "1", "info", "sleep", "4000",
+            "sleep", "6000", "alloc", "1", "info", "sleep", "4000",
         ],
     );
     a.expect("ready");
@@ -353,6 +353,8 @@ fn privileged_an_agent_restart_under_load_loses_no_limit_and_no_usage() {
     let down = a.expect("info");
     assert_eq!(field(&down, "total"), GIB, "{down}");
     assert_eq!(field(&down, "free"), 0, "{down}");
+    // The agent comes back (on a loaded machine it can take seconds to attach; A's next
+    // allocation is 6 s after the crash).
     let agent = w.agent();
     // A reconnects at its next allocation (refused: the cgroup is at its limit).
     let up = a.expect("info");
@@ -376,10 +378,12 @@ fn privileged_an_agent_restart_under_load_loses_no_limit_and_no_usage() {
         "{ctx}"
     );
     assert!(a.stderr.contains("reconnected to the fgpu agent"), "{ctx}");
+    // Whoever reaches the new agent first brings the ledger in: A reconnecting with its
+    // usage memfd, or B, whose ledger the agent adopts from A's process.
+    let log = agent.log_text();
     assert!(
-        agent
-            .log_text()
-            .contains("adopted from a reconnecting shim"),
+        log.contains("adopted from a reconnecting shim")
+            || log.contains("adopted from a running process of the cgroup"),
         "{ctx}"
     );
 }
