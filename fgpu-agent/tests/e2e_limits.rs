@@ -261,3 +261,82 @@ fn privileged_a_process_gets_its_cgroups_ledger_read_only_and_limit_changes_reac
     eprintln!("limit change reached the process in {latency_ms:.2} ms (CLI round trip included)");
     client.finish();
 }
+
+#[test]
+fn privileged_two_cgroups_each_see_and_stop_at_their_own_limit_and_status_agrees() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let mib = 1u64 << 20;
+    let cases = [("1GiB", 1u64 << 30, 2u64), ("2GiB", 2u64 << 30, 6u64)];
+    let mut runs = Vec::new();
+    for (limit, bytes, fits) in cases {
+        let cg = Cgroup::new(&unique(&format!("fgpu-e2e-two-{limit}")));
+        ok(&agent.cli(&["limit", "set", &cg.path, "--memory", limit]));
+        // 256 MiB at a time until refused, then exactly what is left (212 MiB: the 300 MiB
+        // context overhead is charged too), then one byte more.
+        let mut args: Vec<&str> = vec!["info", "nvml"];
+        for _ in 0..=fits {
+            args.extend(["alloc", "256MiB"]);
+        }
+        args.extend(["alloc", "212MiB", "alloc", "1", "info", "hold"]);
+        let mut load = Load::spawn_with_shim(&cg, &state.0, &agent, &args);
+        load.expect_line("ready");
+        runs.push((cg, load, bytes, fits));
+    }
+    for (cg, load, bytes, fits) in &runs {
+        let lines = &load.lines;
+        let info = lines.iter().find(|l| l.starts_with("info")).unwrap();
+        assert!(
+            info.contains(&format!("total={bytes}")),
+            "cuMemGetInfo reports the limit: {lines:?}"
+        );
+        let nvml = lines
+            .iter()
+            .find(|l| l.starts_with("nvml device=0"))
+            .unwrap();
+        assert!(
+            nvml.contains(&format!("total={bytes}")),
+            "NVML reports the limit: {lines:?}"
+        );
+        let allocs: Vec<&String> = lines.iter().filter(|l| l.starts_with("alloc")).collect();
+        let ok_count = allocs.iter().filter(|l| l.starts_with("alloc ok")).count() as u64;
+        assert_eq!(
+            ok_count,
+            fits + 1,
+            "{fits} x 256 MiB and the 212 MiB remainder fit: {lines:?}"
+        );
+        assert!(allocs[*fits as usize].contains("fail rc=2"), "{lines:?}");
+        assert!(
+            allocs.last().unwrap().contains("fail rc=2"),
+            "not one byte over: {lines:?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .rfind(|l| l.starts_with("info"))
+                .unwrap()
+                .contains("free=0"),
+            "{lines:?}"
+        );
+        let row = agent
+            .wait_for(
+                cg,
+                "status of the limited cgroup",
+                Duration::from_secs(3),
+                |s| s.is_some_and(|s| s["alloc_denied"] == 2),
+            )
+            .unwrap();
+        assert_eq!(row["memory_limit_bytes"], *bytes, "{row}");
+        assert_eq!(
+            row["memory_used_bytes"],
+            fits * 256 * mib + 212 * mib,
+            "kernel view: {row}"
+        );
+    }
+    for (_, load, _, _) in runs {
+        assert!(load.finish().success());
+    }
+}

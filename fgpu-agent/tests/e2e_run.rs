@@ -107,3 +107,48 @@ fn privileged_fgpu_run_passes_exit_status_and_signals_through() {
     std::thread::sleep(Duration::from_millis(50));
     assert!(!cgroup2_mount().join("fgpu").join(&name).exists());
 }
+
+#[test]
+fn privileged_fgpu_run_with_an_agent_is_limited_and_leaves_nothing_behind() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let sock = agent.socket.to_str().unwrap().to_string();
+    let name = unique("e2e-run-agent");
+    let load = sim_dir().join("fgpu-sim-load");
+    let out = fgpu_run(&sock, &state, &name, &["--memory", "1GiB", "--"])
+        .env("FGPU_CONTEXT_OVERHEAD", "300MiB")
+        .arg(&load)
+        .args([
+            "info", "alloc", "512MiB", "alloc", "512MiB", "alloc", "212MiB", "alloc", "1",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        !stderr.contains("falling back"),
+        "the agent was there: {stderr}"
+    );
+    assert!(stdout.contains("total=1073741824"), "{stdout}");
+    let allocs: Vec<&str> = stdout.lines().filter(|l| l.starts_with("alloc")).collect();
+    assert!(allocs[0].starts_with("alloc ok"), "{stdout}");
+    assert!(allocs[1].contains("fail rc=2"), "{stdout}");
+    assert!(
+        allocs[2].starts_with("alloc ok"),
+        "exactly the limit fits: {stdout}"
+    );
+    assert!(allocs[3].contains("fail rc=2"), "{stdout}");
+    assert!(
+        !cgroup2_mount().join("fgpu").join(&name).exists(),
+        "cgroup left behind"
+    );
+    let ls = agent.cli(&["limit", "ls", "--json"]);
+    assert!(
+        !String::from_utf8_lossy(&ls.stdout).contains(&name),
+        "limit left behind"
+    );
+}

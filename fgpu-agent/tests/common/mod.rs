@@ -321,8 +321,42 @@ impl Load {
         Self::spawn_program(cg, state, &sim.join("fgpu-sim-load"), args)
     }
 
+    /// `fgpu-sim-load` under the shim (`libfgpu.so` next to the `fgpu` binary), talking to
+    /// `agent`. The sim's processes are all PID 1 of their namespaces, so NVML's per-process
+    /// figures cannot tell them apart: the context overhead is given instead of measured.
+    pub fn spawn_with_shim(cg: &Cgroup, state: &Path, agent: &Agent, args: &[&str]) -> Self {
+        let shim = Path::new(env!("CARGO_BIN_EXE_fgpu")).with_file_name("libfgpu.so");
+        assert!(
+            shim.is_file(),
+            "{} is not built: run `cargo xtask test`",
+            shim.display()
+        );
+        Self::spawn_env(
+            cg,
+            state,
+            &sim_dir().join("fgpu-sim-load"),
+            args,
+            &[
+                ("LD_PRELOAD", shim.to_str().unwrap()),
+                ("FGPU_SOCKET", agent.socket.to_str().unwrap()),
+                ("FGPU_CONTEXT_OVERHEAD", "300MiB"),
+            ],
+        )
+    }
+
     /// Any program, in `cg` and its own PID namespace, with the sim on LD_LIBRARY_PATH.
     pub fn spawn_program(cg: &Cgroup, state: &Path, program: &Path, args: &[&str]) -> Self {
+        Self::spawn_env(cg, state, program, args, &[])
+    }
+
+    /// [`Load::spawn_program`] with extra environment variables.
+    pub fn spawn_env(
+        cg: &Cgroup,
+        state: &Path,
+        program: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let sim = sim_dir();
         let procs = CString::new(cg.dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
         let mut cmd = Command::new("unshare");
@@ -331,6 +365,7 @@ impl Load {
             .args(args)
             .env("LD_LIBRARY_PATH", &sim)
             .env("FGPU_SIM_STATE", state)
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
         // SAFETY: the closure only calls async-signal-safe functions (open, write, close)
