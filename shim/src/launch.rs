@@ -110,108 +110,6 @@ type CoopFn = unsafe extern "C" fn(
 ) -> CUresult;
 type GraphFn = unsafe extern "C" fn(Handle, Handle) -> CUresult;
 
-/// # Safety
-/// The CUDA driver API contract of `cuLaunchKernel`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel(
-    f: Handle,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: Handle,
-    params: Params,
-    extra: Params,
-) -> CUresult {
-    fast!(
-        0,
-        KernelFn,
-        (f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
-    );
-    // SAFETY: forwarding the caller's arguments unchanged (same contract).
-    unsafe { slow_cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) }
-}
-
-/// The gated path of [`cuLaunchKernel`] (kept out of line so that the fast path is a tail jump).
-///
-/// # Safety
-/// As for `cuLaunchKernel`.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn slow_cuLaunchKernel(
-    f: Handle,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: Handle,
-    params: Params,
-    extra: Params,
-) -> CUresult {
-    let real = real_or_3!(real::CU_LAUNCH_KERNEL);
-    gate::launch(Kind::Kernel, stream, false, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) }
-    })
-}
-
-/// # Safety
-/// The CUDA driver API contract of `cuLaunchKernel_ptsz`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernel_ptsz(
-    f: Handle,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: Handle,
-    params: Params,
-    extra: Params,
-) -> CUresult {
-    fast!(
-        1,
-        KernelFn,
-        (f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
-    );
-    // SAFETY: forwarding the caller's arguments unchanged (same contract).
-    unsafe { slow_cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) }
-}
-
-/// The gated path of [`cuLaunchKernel_ptsz`] (kept out of line so that the fast path is a tail jump).
-///
-/// # Safety
-/// As for `cuLaunchKernel_ptsz`.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn slow_cuLaunchKernel_ptsz(
-    f: Handle,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: Handle,
-    params: Params,
-    extra: Params,
-) -> CUresult {
-    let real = real_or_3!(real::CU_LAUNCH_KERNEL_PTSZ);
-    gate::launch(Kind::Kernel, stream, true, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) }
-    })
-}
-
 /// The stream of a `CUlaunchConfig` (NULL config: the driver will refuse the launch).
 fn config_stream(config: *const LaunchConfigHead) -> Handle {
     if config.is_null() {
@@ -221,212 +119,60 @@ fn config_stream(config: *const LaunchConfigHead) -> Handle {
     unsafe { (*config).stream }
 }
 
-/// # Safety
-/// The CUDA driver API contract of `cuLaunchKernelEx`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx(
-    config: *const LaunchConfigHead,
-    f: Handle,
-    params: Params,
-    extra: Params,
-) -> CUresult {
-    fast!(2, KernelExFn, (config, f, params, extra));
-    // SAFETY: forwarding the caller's arguments unchanged (same contract).
-    unsafe { slow_cuLaunchKernelEx(config, f, params, extra) }
+/// One launch entry point: the exported wrapper (fast path: [`fast!`], then a tail call of
+/// the real function) and its gated path, kept out of line so that the fast path stays a
+/// tail jump.
+macro_rules! launch_entry {
+    ($i:literal $name:ident / $slow:ident: $ty:ty = $real:ident, $kind:expr, ptsz $ptsz:literal,
+     stream $stream:expr, ($($a:ident: $t:ty),*)) => {
+        /// # Safety
+        /// The CUDA driver API contract of the entry point of this name.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+            fast!($i, $ty, ($($a),*));
+            // SAFETY: forwarding the caller's arguments unchanged (same contract).
+            unsafe { $slow($($a),*) }
+        }
+
+        /// The gated path of the entry point.
+        ///
+        /// # Safety
+        /// As for the exported entry point.
+        #[cold]
+        #[inline(never)]
+        unsafe extern "C" fn $slow($($a: $t),*) -> CUresult {
+            let real = real_or_3!(real::$real);
+            gate::launch($kind, $stream, $ptsz, || {
+                // SAFETY: forwarding the caller's arguments unchanged.
+                unsafe { real($($a),*) }
+            })
+        }
+    };
 }
 
-/// The gated path of [`cuLaunchKernelEx`] (kept out of line so that the fast path is a tail jump).
-///
-/// # Safety
-/// As for `cuLaunchKernelEx`.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn slow_cuLaunchKernelEx(
-    config: *const LaunchConfigHead,
-    f: Handle,
-    params: Params,
-    extra: Params,
-) -> CUresult {
-    let real = real_or_3!(real::CU_LAUNCH_KERNEL_EX);
-    gate::launch(Kind::Kernel, config_stream(config), false, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        unsafe { real(config, f, params, extra) }
-    })
-}
-
-/// # Safety
-/// The CUDA driver API contract of `cuLaunchKernelEx_ptsz`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
-    config: *const LaunchConfigHead,
-    f: Handle,
-    params: Params,
-    extra: Params,
-) -> CUresult {
-    fast!(3, KernelExFn, (config, f, params, extra));
-    // SAFETY: forwarding the caller's arguments unchanged (same contract).
-    unsafe { slow_cuLaunchKernelEx_ptsz(config, f, params, extra) }
-}
-
-/// The gated path of [`cuLaunchKernelEx_ptsz`] (kept out of line so that the fast path is a tail jump).
-///
-/// # Safety
-/// As for `cuLaunchKernelEx_ptsz`.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn slow_cuLaunchKernelEx_ptsz(
-    config: *const LaunchConfigHead,
-    f: Handle,
-    params: Params,
-    extra: Params,
-) -> CUresult {
-    let real = real_or_3!(real::CU_LAUNCH_KERNEL_EX_PTSZ);
-    gate::launch(Kind::Kernel, config_stream(config), true, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        unsafe { real(config, f, params, extra) }
-    })
-}
-
-/// # Safety
-/// The CUDA driver API contract of `cuLaunchCooperativeKernel`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchCooperativeKernel(
-    f: Handle,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: Handle,
-    params: Params,
-) -> CUresult {
-    fast!(
-        4,
-        CoopFn,
-        (f, gx, gy, gz, bx, by, bz, shmem, stream, params)
-    );
-    // SAFETY: forwarding the caller's arguments unchanged (same contract).
-    unsafe { slow_cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shmem, stream, params) }
-}
-
-/// The gated path of [`cuLaunchCooperativeKernel`] (kept out of line so that the fast path is a tail jump).
-///
-/// # Safety
-/// As for `cuLaunchCooperativeKernel`.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn slow_cuLaunchCooperativeKernel(
-    f: Handle,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: Handle,
-    params: Params,
-) -> CUresult {
-    let real = real_or_3!(real::CU_LAUNCH_COOPERATIVE_KERNEL);
-    gate::launch(Kind::Kernel, stream, false, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params) }
-    })
-}
-
-/// # Safety
-/// The CUDA driver API contract of `cuLaunchCooperativeKernel_ptsz`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
-    f: Handle,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: Handle,
-    params: Params,
-) -> CUresult {
-    fast!(
-        5,
-        CoopFn,
-        (f, gx, gy, gz, bx, by, bz, shmem, stream, params)
-    );
-    // SAFETY: forwarding the caller's arguments unchanged (same contract).
-    unsafe { slow_cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shmem, stream, params) }
-}
-
-/// The gated path of [`cuLaunchCooperativeKernel_ptsz`] (kept out of line so that the fast path is a tail jump).
-///
-/// # Safety
-/// As for `cuLaunchCooperativeKernel_ptsz`.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn slow_cuLaunchCooperativeKernel_ptsz(
-    f: Handle,
-    gx: c_uint,
-    gy: c_uint,
-    gz: c_uint,
-    bx: c_uint,
-    by: c_uint,
-    bz: c_uint,
-    shmem: c_uint,
-    stream: Handle,
-    params: Params,
-) -> CUresult {
-    let real = real_or_3!(real::CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ);
-    gate::launch(Kind::Kernel, stream, true, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params) }
-    })
-}
-
-/// # Safety
-/// The CUDA driver API contract of `cuGraphLaunch`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
-    fast!(6, GraphFn, (exec, stream));
-    // SAFETY: forwarding the caller's arguments unchanged (same contract).
-    unsafe { slow_cuGraphLaunch(exec, stream) }
-}
-
-/// The gated path of [`cuGraphLaunch`] (kept out of line so that the fast path is a tail jump).
-///
-/// # Safety
-/// As for `cuGraphLaunch`.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn slow_cuGraphLaunch(exec: Handle, stream: Handle) -> CUresult {
-    let real = real_or_3!(real::CU_GRAPH_LAUNCH);
-    gate::launch(Kind::Graph, stream, false, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        unsafe { real(exec, stream) }
-    })
-}
-
-/// # Safety
-/// The CUDA driver API contract of `cuGraphLaunch_ptsz`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CUresult {
-    fast!(7, GraphFn, (exec, stream));
-    // SAFETY: forwarding the caller's arguments unchanged (same contract).
-    unsafe { slow_cuGraphLaunch_ptsz(exec, stream) }
-}
-
-/// The gated path of [`cuGraphLaunch_ptsz`] (kept out of line so that the fast path is a tail jump).
-///
-/// # Safety
-/// As for `cuGraphLaunch_ptsz`.
-#[cold]
-#[inline(never)]
-unsafe extern "C" fn slow_cuGraphLaunch_ptsz(exec: Handle, stream: Handle) -> CUresult {
-    let real = real_or_3!(real::CU_GRAPH_LAUNCH_PTSZ);
-    gate::launch(Kind::Graph, stream, true, || {
-        // SAFETY: forwarding the caller's arguments unchanged.
-        unsafe { real(exec, stream) }
-    })
-}
+launch_entry!(0 cuLaunchKernel / slow_cuLaunchKernel: KernelFn = CU_LAUNCH_KERNEL,
+    Kind::Kernel, ptsz false, stream stream,
+    (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+     shmem: c_uint, stream: Handle, params: Params, extra: Params));
+launch_entry!(1 cuLaunchKernel_ptsz / slow_cuLaunchKernel_ptsz: KernelFn = CU_LAUNCH_KERNEL_PTSZ,
+    Kind::Kernel, ptsz true, stream stream,
+    (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+     shmem: c_uint, stream: Handle, params: Params, extra: Params));
+launch_entry!(2 cuLaunchKernelEx / slow_cuLaunchKernelEx: KernelExFn = CU_LAUNCH_KERNEL_EX,
+    Kind::Kernel, ptsz false, stream config_stream(config),
+    (config: *const LaunchConfigHead, f: Handle, params: Params, extra: Params));
+launch_entry!(3 cuLaunchKernelEx_ptsz / slow_cuLaunchKernelEx_ptsz: KernelExFn = CU_LAUNCH_KERNEL_EX_PTSZ,
+    Kind::Kernel, ptsz true, stream config_stream(config),
+    (config: *const LaunchConfigHead, f: Handle, params: Params, extra: Params));
+launch_entry!(4 cuLaunchCooperativeKernel / slow_cuLaunchCooperativeKernel: CoopFn = CU_LAUNCH_COOPERATIVE_KERNEL,
+    Kind::Kernel, ptsz false, stream stream,
+    (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+     shmem: c_uint, stream: Handle, params: Params));
+launch_entry!(5 cuLaunchCooperativeKernel_ptsz / slow_cuLaunchCooperativeKernel_ptsz: CoopFn = CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ,
+    Kind::Kernel, ptsz true, stream stream,
+    (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
+     shmem: c_uint, stream: Handle, params: Params));
+launch_entry!(6 cuGraphLaunch / slow_cuGraphLaunch: GraphFn = CU_GRAPH_LAUNCH,
+    Kind::Graph, ptsz false, stream stream, (exec: Handle, stream: Handle));
+launch_entry!(7 cuGraphLaunch_ptsz / slow_cuGraphLaunch_ptsz: GraphFn = CU_GRAPH_LAUNCH_PTSZ,
+    Kind::Graph, ptsz true, stream stream, (exec: Handle, stream: Handle));
