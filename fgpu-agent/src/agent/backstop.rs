@@ -57,6 +57,13 @@ impl Backstop {
             return;
         };
         let used = e.cgroup_bytes;
+        // The kernel side cannot see which device a cuMemAlloc-family call used (the calling
+        // thread's current context): on a node with N GPUs it charges them all to one key,
+        // so the backstop compares with N × the per-device limit there, never killing a
+        // process that is within its limits on every device (the shim still enforces each
+        // device exactly).
+        let devices = state.gpus.devices.len().max(1) as u64;
+        let limit = limit.saturating_mul(devices);
         if used <= limit {
             return;
         }
