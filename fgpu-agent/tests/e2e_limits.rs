@@ -211,16 +211,6 @@ while time.monotonic() < deadline:
 sys.stdin.read()
 "#;
 
-fn monotonic_ns() -> u128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into a valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
-}
-
 #[test]
 fn privileged_a_process_gets_its_cgroups_ledger_read_only_and_limit_changes_reach_it_within_100ms()
 {
@@ -248,7 +238,7 @@ fn privileged_a_process_gets_its_cgroups_ledger_read_only_and_limit_changes_reac
     assert_eq!(got["reopen_and_map_writable"], "refused", "{got}");
     assert_eq!(got["map_usage_writable"], "allowed", "{got}");
 
-    let before = monotonic_ns();
+    let before = common::mono_ns() as u128;
     ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "2GiB"]));
     let changed: serde_json::Value = serde_json::from_str(&client.expect_line("{")).unwrap();
     assert_eq!(changed["changed"], 2u64 << 30);

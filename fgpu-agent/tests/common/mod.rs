@@ -5,37 +5,13 @@
 //! `FGPU_SKIP_PRIVILEGED=1` asks to skip them (what `cargo xtask test --unprivileged` does).
 #![allow(dead_code)]
 
-use std::ffi::CString;
+#[allow(unused_imports)] // each test binary uses its own part of the harness
+pub use fgpu_testkit::{Cgroup, cgroup2_mount, mono_ns, privileged, unique};
+
 use std::io::{BufRead, BufReader};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-
-/// True if the test may run; false if it is explicitly skipped; panics if it cannot run.
-pub fn privileged() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var_os("FGPU_SKIP_PRIVILEGED").is_some() {
-        eprintln!("SKIPPED: not root and FGPU_SKIP_PRIVILEGED is set");
-        return false;
-    }
-    panic!("this test needs root (eBPF, cgroups, PID namespaces); run `sudo -E cargo xtask test`");
-}
-
-/// A name unique to this test run.
-pub fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 /// The installed simulated driver: `$FGPU_SIM_DIR` or `<workspace>/target/sim`.
 pub fn sim_dir() -> PathBuf {
@@ -49,61 +25,6 @@ pub fn sim_dir() -> PathBuf {
         dir.display()
     );
     dir
-}
-
-/// Where the cgroup v2 hierarchy is mounted on this host.
-pub fn cgroup2_mount() -> PathBuf {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            (right.split_whitespace().next()? == "cgroup2")
-                .then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap()))
-        })
-        .expect("no cgroup2 mount")
-}
-
-/// A cgroup created for one test; its processes are killed and it is removed on drop.
-pub struct Cgroup {
-    pub dir: PathBuf,
-    /// The path as fgpu reports it (relative to the v2 root).
-    pub path: String,
-}
-
-impl Cgroup {
-    pub fn new(name: &str) -> Self {
-        let mount = cgroup2_mount();
-        let dir = mount.join(name);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-        Self {
-            dir,
-            path: format!("/{name}"),
-        }
-    }
-
-    /// Host PIDs in the cgroup.
-    pub fn procs(&self) -> Vec<u32> {
-        std::fs::read_to_string(self.dir.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
-    }
-
-    pub fn id(&self) -> u64 {
-        use std::os::unix::fs::MetadataExt;
-        std::fs::metadata(&self.dir).unwrap().ino()
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
 }
 
 /// A running `fgpu agent --sim`, stopped on drop.
@@ -358,7 +279,6 @@ impl Load {
         env: &[(&str, &str)],
     ) -> Self {
         let sim = sim_dir();
-        let procs = CString::new(cg.dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
         let mut cmd = Command::new("unshare");
         cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
             .arg(program)
@@ -368,23 +288,7 @@ impl Load {
             .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped());
-        // SAFETY: the closure only calls async-signal-safe functions (open, write, close)
-        // on memory prepared before fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                libc::close(fd);
-                if ok {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        }
+        cg.enter_on_exec(&mut cmd);
         let mut child = cmd.spawn().expect("starting unshare + fgpu-sim-load");
         let stdout = BufReader::new(child.stdout.take().unwrap());
         Self {

@@ -6,48 +6,12 @@
 //! `FGPU_SKIP_PRIVILEGED=1` asks to skip them.
 
 use super::{NO_AGENT, target_dir};
-use std::ffi::CString;
+#[allow(unused_imports)] // each test binary uses its own part of the harness
+pub use fgpu_testkit::{Cgroup, mono_ns, privileged, unique};
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
-
-/// True if the test may run; false if it is explicitly skipped; panics if it cannot run.
-pub fn privileged() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var_os("FGPU_SKIP_PRIVILEGED").is_some() {
-        eprintln!("SKIPPED: not root and FGPU_SKIP_PRIVILEGED is set");
-        return false;
-    }
-    panic!("this test needs root (eBPF, cgroups, PID namespaces); run it as root");
-}
-
-/// A name unique to this test run.
-pub fn unique(prefix: &str) -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// CLOCK_MONOTONIC in nanoseconds (shared by all PID namespaces of the host).
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 fn need(p: PathBuf) -> PathBuf {
     assert!(
@@ -57,46 +21,6 @@ fn need(p: PathBuf) -> PathBuf {
         p.display()
     );
     p
-}
-
-/// Where the cgroup v2 hierarchy is mounted on this host.
-pub fn cgroup2_mount() -> PathBuf {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            (right.split_whitespace().next()? == "cgroup2")
-                .then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap()))
-        })
-        .expect("no cgroup2 mount")
-}
-
-/// A cgroup created for one test; its processes are killed and it is removed on drop.
-pub struct Cgroup {
-    pub dir: PathBuf,
-    /// The path as fgpu names it (relative to the v2 root).
-    pub path: String,
-}
-
-impl Cgroup {
-    pub fn new(name: &str) -> Self {
-        let dir = cgroup2_mount().join(name);
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-        Self {
-            dir,
-            path: format!("/{name}"),
-        }
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
 }
 
 /// One test's world: the simulated driver in a directory of its own (libcuda.so.1 and
@@ -202,7 +126,6 @@ impl AgentWorld {
     /// A command in `cg` and a PID namespace of its own (with its own /proc), the sim on the
     /// library path, the shim preloaded, talking to this world's agent socket.
     fn command(&self, cg: &Cgroup, env: &[(&str, &str)], program: &Path, args: &[&str]) -> Command {
-        let procs = CString::new(cg.dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap();
         let mut cmd = Command::new("unshare");
         cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
             .arg(program)
@@ -221,23 +144,7 @@ impl AgentWorld {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // SAFETY: the closure only calls async-signal-safe functions (open, write, close) on
-        // memory prepared before fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                libc::close(fd);
-                if ok {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            });
-        }
+        cg.enter_on_exec(&mut cmd);
         cmd
     }
 
