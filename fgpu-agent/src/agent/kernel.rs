@@ -57,14 +57,18 @@ impl KernelMaps {
         })
     }
 
-    pub fn snapshot(&self) -> Snapshot {
+    /// The per-(cgroup, device) totals alone.
+    pub fn usage(&self) -> Vec<(CgroupKey, CgroupUsage)> {
         // An entry deleted while we iterate ends that walk early; what was read stays valid.
-        let usage = self
-            .usage
+        self.usage
             .iter()
             .filter_map(Result::ok)
             .map(|(k, v)| (k.0, v.0))
-            .collect();
+            .collect()
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let usage = self.usage();
         let procs = self
             .procs
             .iter()

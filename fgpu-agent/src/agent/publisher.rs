@@ -29,17 +29,20 @@ pub async fn run(state: Arc<State>) {
         if ledgers.is_empty() {
             continue;
         }
-        let snap = state.kernel.lock().expect("kernel maps lock").snapshot();
+        let bytes: HashMap<(u64, u32), u64> = state
+            .kernel
+            .lock()
+            .expect("kernel maps lock")
+            .usage()
+            .into_iter()
+            .map(|(k, u)| ((k.cgroup_id, k.device), u.bytes))
+            .collect();
         for ledger in &ledgers {
             // Every device the ledger knows gets a figure, 0 when the kernel saw nothing, so
             // a stale figure can never keep refusing allocations.
             for (index, uuid) in &uuids {
-                let bytes = snap
-                    .usage
-                    .iter()
-                    .find(|(k, _)| k.cgroup_id == ledger.cgroup_id && k.device == *index)
-                    .map_or(0, |(_, u)| u.bytes);
-                ledger.set_kernel_used(uuid, bytes);
+                let b = bytes.get(&(ledger.cgroup_id, *index)).copied().unwrap_or(0);
+                ledger.set_kernel_used(uuid, b);
             }
         }
         n = n.wrapping_add(1);
