@@ -121,6 +121,11 @@ fn privileged_a_process_without_the_shim_that_crosses_the_limit_is_killed() {
     let status = load.wait();
     assert!(!status.success(), "not killed: {status:?} {:?}", load.lines);
     assert!(!load.lines.iter().any(|l| l == "ready"), "{:?}", load.lines);
+    // The agent logs right after its kill(2): the process can be reaped before the line lands.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while !agent.log_text().contains("killed") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let log = agent.log_text();
     assert!(log.contains("killed"), "{log}");
     assert_eq!(
