@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CgroupStatus {
     /// cgroup v2 path relative to the cgroup root, e.g. `/kubepods.slice/...`.
     pub cgroup: String,
@@ -23,6 +23,36 @@ pub struct CgroupStatus {
     pub over_limit_actions: u64,
     /// The same usage per device.
     pub devices: Vec<DeviceUsage>,
+    /// Configured guaranteed compute share, percent (`null`: none).
+    #[serde(default)]
+    pub compute_share_pct: Option<u8>,
+    /// Configured compute cap, percent (`null`: none).
+    #[serde(default)]
+    pub compute_cap_pct: Option<u8>,
+    /// GPU time the cgroup's gated launches used over the last 5 s, percent of wall time
+    /// (summed over devices; measured by the shims' events). `null` when the cgroup's
+    /// compute is not gated.
+    #[serde(default)]
+    pub compute_used_pct: Option<f64>,
+}
+
+impl CgroupStatus {
+    /// A row with nothing in it yet.
+    pub fn empty(cgroup: String) -> Self {
+        CgroupStatus {
+            cgroup,
+            cgroup_id: 0,
+            pids: Vec::new(),
+            memory_used_bytes: 0,
+            memory_limit_bytes: None,
+            alloc_denied: 0,
+            over_limit_actions: 0,
+            devices: Vec::new(),
+            compute_share_pct: None,
+            compute_cap_pct: None,
+            compute_used_pct: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,7 +79,7 @@ pub struct KernelCounters {
 }
 
 /// Everything the agent answers to a status request.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
     pub cgroups: Vec<CgroupStatus>,
     pub counters: KernelCounters,

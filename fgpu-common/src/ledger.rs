@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::SeqCst};
 
 /// "fgpuldg1", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"fgpuldg1");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Devices per ledger (bound to device UUIDs on first use).
 pub const MAX_DEVICES: usize = 16;
 /// Processes per container at the same time.
@@ -47,9 +47,10 @@ pub const LOCK_BASE: i64 = 1 << 40;
 pub struct DeviceLimit {
     /// Bytes; [`NO_LIMIT`] when unlimited.
     pub memory_limit: AtomicU64,
-    /// Compute share in percent (0 = none set); reserved for compute shares.
+    /// Guaranteed compute share in percent (0 = none set; 1-99 = gated by the agent's
+    /// controller, docs/compute.md).
     pub compute_share: AtomicU32,
-    /// Hard compute cap in percent (0 = none set); reserved for compute shares.
+    /// Hard compute cap in percent (0 = none set; 1-99 = gated).
     pub compute_cap: AtomicU32,
 }
 
@@ -84,14 +85,38 @@ pub struct DeviceUsage {
     pub alloc_denied: AtomicU64,
     /// Kernel-observed usage written by the agent (0 in standalone mode).
     pub kernel_used: AtomicU64,
-    /// Launch budget for compute shares (reserved).
+    /// Launch budget of the compute gate in ns of GPU time: granted by the agent's
+    /// controller (a turn on the device), charged by the shims; launches wait while negative.
     pub launch_budget: AtomicI64,
+}
+
+/// One device's compute-gate exchange between the shims and the agent's controller
+/// (docs/compute.md, "Agent-driven mode").
+#[repr(C, align(64))]
+pub struct DeviceCompute {
+    /// Threads of the container waiting for budget on this device (shims count themselves
+    /// in and out around a wait): the container wants a turn.
+    pub waiting: AtomicU32,
+    /// Bumped by the agent after every grant; waiting shims sleep on it (a futex).
+    pub grant: AtomicU32,
+    /// GPU time measured by the container's shims on this device, ns (only grows).
+    pub gpu_ns: AtomicU64,
+    /// Bumped by the agent's controller on every tick while the device is gated: a shim
+    /// that sees it stand still for a second caps itself locally.
+    pub heartbeat: AtomicU64,
+    /// Batches the container's shims have queued on the device and not yet seen complete
+    /// (the controller hands the next turn over once the holder's work has drained).
+    pub inflight: AtomicI64,
+    /// Their estimated GPU time, ns.
+    pub queued_ns: AtomicI64,
 }
 
 /// Page 1: usage per device.
 #[repr(C, align(4096))]
 pub struct Usage {
     pub devices: [DeviceUsage; MAX_DEVICES],
+    /// Compute-gate exchange, same index as `devices`.
+    pub compute: [DeviceCompute; MAX_DEVICES],
 }
 
 /// One process's share. Written only by the process holding the slot's OFD lock (or by
@@ -130,6 +155,7 @@ const _: () = {
     assert!(std::mem::size_of::<Usage>() == PAGE);
     assert!(SLOTS_OFFSET == 2 * PAGE);
     assert!(std::mem::size_of::<DeviceUsage>() == 64);
+    assert!(std::mem::size_of::<DeviceCompute>() == 64);
     assert!(std::mem::size_of::<Slot>() == 320);
     assert!(LEDGER_SIZE == 2 * PAGE + 320 * MAX_SLOTS);
     assert!(LEDGER_SIZE.is_multiple_of(PAGE));

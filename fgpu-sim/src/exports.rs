@@ -8,7 +8,7 @@
 
 #![allow(non_snake_case)]
 
-use crate::cuda::{array, context, device, gpa, launch, memory, pool, stream, vmm};
+use crate::cuda::{array, context, device, export_table, gpa, launch, memory, pool, stream, vmm};
 use crate::nvml;
 
 macro_rules! trampolines {
@@ -19,6 +19,12 @@ macro_rules! trampolines {
             pub extern "C" fn $name() {
                 #[cfg(target_arch = "x86_64")]
                 core::arch::naked_asm!(
+                    // A hidden alias (`<name>_entry`): the address of the export that
+                    // symbol interposition (an LD_PRELOADed library defining the same name)
+                    // cannot redirect, for the driver's own tables (cuda::export_table).
+                    concat!(".globl ", stringify!($name), "_entry"),
+                    concat!(".hidden ", stringify!($name), "_entry"),
+                    concat!(stringify!($name), "_entry:"),
                     "push rbp",
                     "mov rbp, rsp",
                     "pop rbp",
@@ -51,6 +57,7 @@ trampolines! {
     cuCtxSynchronize => context::cu_ctx_synchronize;
     cuGetProcAddress => gpa::cu_get_proc_address;
     cuGetProcAddress_v2 => gpa::cu_get_proc_address_v2;
+    cuGetExportTable => export_table::cu_get_export_table;
     cuGetErrorString => crate::cuda::get_error_string;
     cuGetErrorName => crate::cuda::get_error_name;
 

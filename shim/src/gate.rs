@@ -32,7 +32,7 @@ use crate::config::MAX_ORDINALS;
 use crate::ledger_file;
 use crate::log::{error, info, warning};
 use crate::real::{self, CUresult, Handle};
-use fgpu_common::ledger::{Ledger, MAX_DEVICES};
+use fgpu_common::ledger::{DeviceCompute, Ledger, MAX_DEVICES};
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_uint};
 use std::sync::Once;
@@ -56,11 +56,18 @@ pub const WINDOW_NS: i64 = 100_000_000;
 const MAX_SLEEP_NS: u64 = 10_000_000;
 /// Shortest one.
 const MIN_SLEEP_NS: u64 = 50_000;
-/// Poll period while waiting for the agent to refill a ledger budget.
+/// Longest sleep on the ledger's grant word while waiting for the agent's controller.
 const LEDGER_POLL_NS: u64 = 1_000_000;
-/// A ledger budget the agent has not refilled for this long is considered abandoned: the
-/// device falls back to a local bucket at the ledger's rate until the ledger changes.
+/// ...while some of this process's batches are still running (their completion is what
+/// the controller waits for).
+const DRAIN_POLL_NS: u64 = 200_000;
+/// A controller whose heartbeat stands still this long is considered gone: the device falls
+/// back to a local bucket at the ledger's rate until the ledger changes.
 const LEDGER_STALE_NS: u64 = 1_000_000_000;
+/// A pause of this much host time between two launches into a stream closes its open
+/// batch first: the GPU may have run dry meanwhile, and a batch's events would count the
+/// idle time as the stream's.
+const GAP_NS: u64 = 100_000;
 /// Streams tracked at the same time (per process).
 const STREAMS: usize = 256;
 /// A stream slot unused for this long may be taken for another stream when the table is full.
@@ -183,6 +190,34 @@ fn ledger_budget(idx: usize) -> Option<&'static AtomicI64> {
     Some(&l.usage.devices[idx.min(MAX_DEVICES - 1)].launch_budget)
 }
 
+/// The ledger's compute exchange for ledger device `idx`.
+fn ledger_compute(idx: usize) -> Option<&'static DeviceCompute> {
+    let (l, _) = ledger_file::get()?;
+    Some(&l.usage.compute[idx.min(MAX_DEVICES - 1)])
+}
+
+/// Sleeps on `word` while it still holds `seen`, at most `ns` (a futex on shared memory: the
+/// agent's controller wakes it after a grant).
+fn futex_wait(word: &AtomicU32, seen: u32, ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT (shared: the word is in a MAP_SHARED ledger mapping) on a valid,
+    // aligned u32 with a relative timeout; it only sleeps.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT,
+            seen,
+            &ts as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0,
+        )
+    };
+}
+
 /// The ledger's compute setting for a device record: (gated, rate in percent).
 fn ledger_setting(l: &Ledger, idx: usize) -> (bool, u32) {
     let d = &l.limits.devices[idx];
@@ -253,13 +288,69 @@ fn charge_local(d: &Dev, m: u8, ns: i64) {
     }
 }
 
-/// Charges `ns` (negative: a refund) to the ledger's budget: one atomic.
+/// Charges `ns` to the ledger's budget: one atomic. Refunds (negative) are dropped: the
+/// budget is a turn granted by the agent, which accounts fairness by measured time
+/// (`DeviceCompute::gpu_ns`), and a late refund must not reopen a turn that was taken back.
 fn charge_ledger(d: &Dev, m: u8, ns: i64) {
     if m & M_LEDGER != 0
-        && ns != 0
+        && ns > 0
         && let Some(b) = ledger_budget(d.ledger_idx.load(Relaxed))
     {
         b.fetch_sub(ns, Relaxed);
+    }
+}
+
+/// Reports measured GPU time to the agent's controller.
+fn report_measured(d: &Dev, m: u8, ns: i64) {
+    if m & M_LEDGER != 0
+        && ns > 0
+        && let Some(c) = ledger_compute(d.ledger_idx.load(Relaxed))
+    {
+        c.gpu_ns.fetch_add(ns as u64, Relaxed);
+    }
+}
+
+/// Whether a launch on device `d` would be admitted now (no waiting).
+fn has_budget(d: &Dev, m: u8, now: u64) -> bool {
+    if m & M_LOCAL != 0 {
+        refill(d, now);
+        if d.tokens.load(Relaxed) < 0 {
+            return false;
+        }
+    }
+    !(m & M_LEDGER != 0
+        && ledger_budget(d.ledger_idx.load(Relaxed)).is_some_and(|b| b.load(Relaxed) < 0))
+}
+
+/// Settles the completed batches of every stream whose bookkeeping is free right now.
+/// Returns whether some batch is still outstanding.
+fn settle_all() -> bool {
+    let mut left = false;
+    for s in &SLOTS {
+        if s.key.load(Relaxed) == 0 {
+            continue;
+        }
+        let Some(g) = s.try_own() else {
+            continue;
+        };
+        let inner = g.inner();
+        if inner.out > 0 {
+            let (d, m) = dev_mode(s.ord.load(Relaxed));
+            settle_ready(s, inner, d, m);
+            left |= inner.out > 0;
+        }
+    }
+    left
+}
+
+/// Counts a thread in the container's `waiting` for as long as it lives.
+struct Waiting(Option<&'static DeviceCompute>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(c) = self.0 {
+            c.waiting.fetch_sub(1, Relaxed);
+        }
     }
 }
 
@@ -268,8 +359,9 @@ fn charge_ledger(d: &Dev, m: u8, ns: i64) {
 fn admit(d: &Dev, mut m: u8, stream: usize) -> bool {
     let mut checked = false;
     let mut started = 0u64;
-    let mut ledger_seen = i64::MIN;
-    let mut ledger_since = 0u64;
+    let mut beat_seen = u64::MAX;
+    let mut beat_since = 0u64;
+    let mut waiting = Waiting(None);
     loop {
         let now = now_ns();
         let mut sleep = 0u64;
@@ -281,18 +373,34 @@ fn admit(d: &Dev, mut m: u8, stream: usize) -> bool {
                 sleep = (t.unsigned_abs() * 100 / pct).max(MIN_SLEEP_NS);
             }
         }
+        let mut grant = None;
         if m & M_LEDGER != 0
             && let Some(b) = ledger_budget(d.ledger_idx.load(Relaxed))
+            && let Some(c) = ledger_compute(d.ledger_idx.load(Relaxed))
         {
-            let v = b.load(Relaxed);
-            if v < 0 {
-                sleep = sleep.max(LEDGER_POLL_NS);
-                if v > ledger_seen {
-                    (ledger_seen, ledger_since) = (v, now);
-                } else if now - ledger_since > LEDGER_STALE_NS {
+            // Read the grant word before the budget: a grant made after this load wakes
+            // the futex wait below at once (its value no longer matches).
+            let g = c.grant.load(Acquire);
+            if b.load(Acquire) < 0 {
+                let beat = c.heartbeat.load(Relaxed);
+                if beat != beat_seen {
+                    (beat_seen, beat_since) = (beat, now);
+                } else if now - beat_since > LEDGER_STALE_NS {
                     m = ledger_abandoned(d, m);
                     continue;
                 }
+                if waiting.0.is_none() {
+                    c.waiting.fetch_add(1, Relaxed);
+                    waiting.0 = Some(c);
+                }
+                grant = Some((c, g));
+                // Settle what completed, so the controller sees this container's work
+                // drain (and hands the device on) without waiting for the next launch.
+                sleep = sleep.max(if settle_all() {
+                    DRAIN_POLL_NS
+                } else {
+                    LEDGER_POLL_NS
+                });
             }
         }
         if sleep == 0 {
@@ -309,13 +417,19 @@ fn admit(d: &Dev, mut m: u8, stream: usize) -> bool {
             }
             started = now;
         }
-        sleep_ns(sleep.min(MAX_SLEEP_NS));
+        match grant {
+            Some((c, g)) => futex_wait(&c.grant, g, sleep.min(LEDGER_POLL_NS)),
+            None => sleep_ns(sleep.min(MAX_SLEEP_NS)),
+        }
     }
 }
 
 /// The agent stopped refilling device `d`'s ledger budget: fall back to a local bucket at the
 /// ledger's rate (kept until the ledger changes, see [`ledger_changed`]).
 fn ledger_abandoned(d: &Dev, m: u8) -> u8 {
+    if m & M_LEDGER == 0 {
+        return m;
+    }
     let pct = d.ledger_pct.load(Relaxed).max(1);
     let env = d.pct.load(Relaxed);
     d.pct
@@ -324,7 +438,7 @@ fn ledger_abandoned(d: &Dev, m: u8) -> u8 {
     d.mode.store(next, Release);
     if !STALE_WARNED.swap(true, Relaxed) {
         warning!(
-            "the agent has not refilled the compute budget for {} ms: capping at {pct}% locally",
+            "the agent's compute controller has been silent for {} ms: capping at {pct}% locally",
             LEDGER_STALE_NS / 1_000_000
         );
     }
@@ -469,6 +583,8 @@ struct Batch {
     n: u32,
     kind: Kind,
     at: u64,
+    /// Counted in the ledger's `inflight` / `queued_ns` (ledger record index + 1; 0: not).
+    counted: usize,
 }
 
 const NO_BATCH: Batch = Batch {
@@ -477,6 +593,7 @@ const NO_BATCH: Batch = Batch {
     n: 0,
     kind: Kind::Kernel,
     at: 0,
+    counted: 0,
 };
 
 struct Inner {
@@ -698,7 +815,14 @@ fn settle_oldest(s: &Slot, inner: &mut Inner, d: &Dev, m: u8, done: bool) {
         let delta = ns - b.est;
         charge_local(d, m, delta);
         charge_ledger(d, m, delta);
+        report_measured(d, m, ns);
         STATS.measured_ns.fetch_add(ns as u64, Relaxed);
+    }
+    if b.counted != 0
+        && let Some(c) = ledger_compute(b.counted - 1)
+    {
+        c.inflight.fetch_sub(1, Relaxed);
+        c.queued_ns.fetch_sub(b.est, Relaxed);
     }
     inner.ring[p] = NO_BATCH;
     inner.head = (p + 1) % RING;
@@ -749,6 +873,7 @@ fn open_batch(s: &Slot, inner: &mut Inner, d: &Dev, m: u8, kind: Kind, now: u64)
         n: 0,
         kind,
         at: now,
+        counted: 0,
     });
     true
 }
@@ -787,6 +912,14 @@ fn close_batch(s: &Slot, inner: &mut Inner, d: &Dev, m: u8) {
         return; // charged by estimate only
     }
     charge_ledger(d, m, b.est);
+    if m & M_LEDGER != 0 {
+        let idx = d.ledger_idx.load(Relaxed);
+        if let Some(c) = ledger_compute(idx) {
+            c.inflight.fetch_add(1, Relaxed);
+            c.queued_ns.fetch_add(b.est, Relaxed);
+            b.counted = idx + 1;
+        }
+    }
     inner.ring[p] = b;
     inner.out += 1;
     STATS.batches.fetch_add(1, Relaxed);
@@ -860,10 +993,35 @@ pub fn ledger_changed() {
     scan_ledger();
 }
 
+/// At exit: batches still outstanding will never be settled by this process; take them out
+/// of the ledger's `inflight` so that the controller does not wait for them.
+fn forget_outstanding() {
+    for s in &SLOTS {
+        let Some(g) = s.try_own() else {
+            continue;
+        };
+        let inner = g.inner();
+        while inner.out > 0 {
+            let p = inner.head;
+            let b = inner.ring[p];
+            if b.counted != 0
+                && let Some(c) = ledger_compute(b.counted - 1)
+            {
+                c.inflight.fetch_sub(1, Relaxed);
+                c.queued_ns.fetch_sub(b.est, Relaxed);
+            }
+            inner.ring[p] = NO_BATCH;
+            inner.head = (p + 1) % RING;
+            inner.out -= 1;
+        }
+    }
+}
+
 extern "C" fn report() {
     if STATE.load(Relaxed) != ON {
         return;
     }
+    forget_outstanding();
     let s = &STATS;
     info!(
         "compute gate: launches={} batches={} events_created={} events_recorded={} \
@@ -891,12 +1049,20 @@ pub fn launch(kind: Kind, stream: Handle, ptsz: bool, call: impl FnOnce() -> CUr
     let Some(s) = slot(key, rec, now) else {
         return call();
     };
-    s.last_use.store(now, Relaxed);
+    let prev = s.last_use.swap(now, Relaxed);
     let (d, m) = dev_mode(s.ord.load(Relaxed));
     if m == M_OFF {
         return call();
     }
     STATS.gated_launches.fetch_add(1, Relaxed);
+    // Close the open batch before the GPU may idle inside it — a wait for budget, or a
+    // pause in this stream's launches — so that its events never count idle time.
+    if (now.saturating_sub(prev) > GAP_NS || !has_budget(d, m, now))
+        && let Some(g) = s.try_own()
+        && s.key.load(Acquire) == key
+    {
+        close_batch(s, g.inner(), d, m);
+    }
     if !admit(d, m, rec) {
         return call(); // capturing: recorded into a graph, charged when the graph runs
     }

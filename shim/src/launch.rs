@@ -36,6 +36,11 @@ macro_rules! entries {
             None
         }
 
+        /// Every launch entry point with the wrapper its inline hook diverts to.
+        pub fn hook_entries() -> [(&'static Raw, usize); N] {
+            [$((&real::$real.raw, $wrapper as *const () as usize)),*]
+        }
+
         /// Our wrapper for a real launch entry point's address.
         pub fn wrapper_by_real(p: usize) -> Option<usize> {
             $(
@@ -63,7 +68,18 @@ entries! {
 /// launch goes through the gate.
 pub fn publish(open: bool) {
     for (f, raw) in FAST.iter().zip(RAWS) {
-        f.store(if open { raw.addr() } else { 0 }, Relaxed);
+        f.store(if open { raw.callable() } else { 0 }, Relaxed);
+    }
+}
+
+/// The entry points' call addresses changed (inline hooks installed): an open fast path
+/// must call the trampolines from now on, never the hooked entry points (which lead back
+/// to the wrappers).
+pub fn refresh() {
+    for (f, raw) in FAST.iter().zip(RAWS) {
+        if f.load(Relaxed) != 0 {
+            f.store(raw.callable(), Relaxed);
+        }
     }
 }
 
@@ -73,8 +89,9 @@ macro_rules! fast {
     ($i:literal, $ty:ty, ($($a:ident),*)) => {
         let p = FAST[$i].load(Relaxed);
         if p != 0 {
-            // SAFETY: FAST[$i] only ever holds 0 or the address the real dlsym returned for
-            // this entry point (RAWS[$i]), whose C signature is $ty.
+            // SAFETY: FAST[$i] only ever holds 0 or the address to call for this entry point
+            // (RAWS[$i]: the driver's function or its hook's trampoline), whose C signature
+            // is $ty.
             let f = unsafe { std::mem::transmute::<usize, $ty>(p) };
             // SAFETY: forwarding the caller's arguments unchanged.
             return unsafe { f($($a),*) };

@@ -27,6 +27,7 @@ mod dlsym;
 mod fork;
 mod gate;
 mod gpa;
+mod hook;
 mod launch;
 mod ledger_file;
 mod log;

@@ -41,6 +41,9 @@ pub struct Raw {
     pub name: &'static CStr,
     pub lib: Lib,
     ptr: AtomicUsize,
+    /// Where to call it when that is not `ptr`: the trampoline of an inline hook
+    /// (crate::hook), whose entry point now leads to our wrapper. 0 = call `ptr`.
+    code: AtomicUsize,
 }
 
 impl Raw {
@@ -59,6 +62,23 @@ impl Raw {
             p => p,
         }
     }
+
+    /// The address to *call* (resolving on first need): the trampoline if the entry point
+    /// is hooked, else the entry point itself; 0 if unavailable.
+    pub fn callable(&self) -> usize {
+        match self.addr() {
+            0 => 0,
+            p => match self.code.load(Acquire) {
+                0 => p,
+                c => c,
+            },
+        }
+    }
+
+    /// Calls go to `code` from now on (crate::hook).
+    pub fn set_code(&self, code: usize) {
+        self.code.store(code, Release);
+    }
 }
 
 /// A typed entry point.
@@ -74,6 +94,7 @@ impl<F: Copy> Sym<F> {
                 name,
                 lib,
                 ptr: AtomicUsize::new(0),
+                code: AtomicUsize::new(0),
             },
             _f: PhantomData,
         }
@@ -82,11 +103,12 @@ impl<F: Copy> Sym<F> {
     /// The function, resolving on first need.
     pub fn get(&self) -> Option<F> {
         const { assert!(size_of::<F>() == size_of::<usize>()) };
-        match self.raw.addr() {
+        match self.raw.callable() {
             0 => None,
             // SAFETY: F is the `unsafe extern "C" fn` type of this entry point as the driver
             // documents it (see the table below), and the address came from the real dlsym
-            // for exactly this name; both are pointer-sized (checked above).
+            // for exactly this name (or is its hook's trampoline, which behaves as the
+            // original); both are pointer-sized (checked above).
             p => Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) }),
         }
     }
@@ -329,6 +351,9 @@ pub fn resolve(lib: Lib, load: bool) -> bool {
                 raw.ptr.store(p, Release);
             }
         }
+    }
+    if lib == Lib::Cuda {
+        crate::hook::install(&crate::launch::hook_entries());
     }
     true
 }

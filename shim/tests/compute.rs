@@ -88,6 +88,48 @@ fn ptsz_and_dlsym_direct_launches_are_gated() {
     }
 }
 
+/// Launches that never pass through our `dlsym` or `cuGetProcAddress` — made through the
+/// pointers of the driver's private launch table, as the real CUDA runtime makes them — are
+/// gated too (inline hooks on the driver's entry points); kernels and graphs. With the hooks
+/// turned off (`FGPU_LAUNCH_HOOKS=0`) the same launches run ungated, which is what the first
+/// half of this test guards against.
+#[test]
+fn launches_through_the_drivers_export_table_are_gated() {
+    let w = World::new("cap50t");
+    let run = |hooks: &str, args: &[&str]| {
+        let mut a = vec!["--export-table"];
+        a.extend(args);
+        w.load(
+            &[
+                ("FGPU_COMPUTE_SHARE", "50"),
+                ("FGPU_LOG", "info"),
+                ("FGPU_LAUNCH_HOOKS", hooks),
+            ],
+            &a,
+        )
+    };
+    let kernels = ["launch", "60", "sleep_10000us", "sync"];
+    let o = run("1", &kernels);
+    assert_eq!(o.code, Some(0), "{o}");
+    assert!(o.stderr.contains("entry points of libcuda patched"), "{o}");
+    let share = 100.0 * 600.0 / launch_sync_ms(&o);
+    println!("cap 50% through the export table: kernels {share:.1}%");
+    assert!((46.0..=54.0).contains(&share), "share {share:.1}%\n{o}");
+    assert_eq!(gate_stat(&o, "launches"), 60, "{o}");
+
+    let o = run("1", &["graph", "10", "sleep_1000us", "40"]);
+    assert_eq!(o.code, Some(0), "{o}");
+    let share = 100.0 * 400.0 / ms(o.lines("graph ok")[0]);
+    println!("cap 50% through the export table: graphs {share:.1}%");
+    assert!((46.0..=54.0).contains(&share), "share {share:.1}%\n{o}");
+
+    let o = run("0", &kernels);
+    assert_eq!(o.code, Some(0), "{o}");
+    let share = 100.0 * 600.0 / launch_sync_ms(&o);
+    println!("hooks off: kernels through the export table {share:.1}% (ungated)");
+    assert!(share > 90.0, "share {share:.1}%\n{o}");
+}
+
 /// (b) A capped process (30%) next to an unlimited one, both saturating: the capped one
 /// stays under its cap. (The unlimited one launches in chunks of 5 × 10 ms and synchronises,
 /// so that the simulator's FIFO device never holds more than 50 ms of its work.)

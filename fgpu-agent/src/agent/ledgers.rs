@@ -102,6 +102,16 @@ impl CgroupLedger {
                 std::sync::atomic::Ordering::SeqCst,
             );
         }
+        // A gated device starts closed: the controller grants turns (docs/compute.md).
+        let gated = |p: Option<u8>| p.is_some_and(|p| (1..100).contains(&p));
+        if gated(limit.compute_pct) || gated(limit.compute_cap_pct) {
+            for d in &self.ledger().usage.devices {
+                let b = &d.launch_budget;
+                if b.load(std::sync::atomic::Ordering::SeqCst) >= 0 {
+                    b.store(-1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        }
         l.generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }

@@ -6,6 +6,7 @@
 
 mod backstop;
 mod cgroups;
+mod compute;
 mod control;
 mod discovery;
 mod events;
@@ -140,7 +141,15 @@ pub fn run(args: AgentArgs) -> Result<()> {
         libraries,
         events: events::EventCounts::default(),
         exec_tx,
+        compute: compute::ComputeStatus::default(),
     });
+    {
+        let state = Arc::clone(&state);
+        std::thread::Builder::new()
+            .name("fgpu-compute".into())
+            .spawn(move || compute::run(&state.ledgers, &state.compute))
+            .context("starting the compute controller")?;
+    }
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use super::backstop::{Backstop, OnExceed};
 use super::cgroups::CgroupNames;
+use super::compute::ComputeStatus;
 use super::control::Access;
 use super::events::EventCounts;
 use super::gpus::Gpus;
@@ -31,6 +32,8 @@ pub struct State {
     pub events: EventCounts,
     /// New processes, for the library watcher to look into.
     pub exec_tx: Sender<u32>,
+    /// The compute controller's figures.
+    pub compute: ComputeStatus,
 }
 
 impl State {
@@ -39,7 +42,21 @@ impl State {
         let mut names = self.names.lock().expect("cgroup names lock");
         let mut report = build(&snap, |id| names.path_of(id));
         let limits = self.limits.lock().expect("limits lock");
+        // Cgroups the compute controller schedules get a row even without memory.
+        let compute = self.compute.all();
+        for cgroup in compute.keys() {
+            if !report.cgroups.iter().any(|r| &r.cgroup == cgroup) {
+                report.cgroups.push(CgroupStatus::empty(cgroup.clone()));
+            }
+        }
+        report.cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
         for row in &mut report.cgroups {
+            let effective = limits.effective(&row.cgroup).0;
+            row.compute_share_pct = effective.compute_pct;
+            row.compute_cap_pct = effective.compute_cap_pct;
+            row.compute_used_pct = compute
+                .get(&row.cgroup)
+                .map(|f| (f.used_pct * 10.0).round() / 10.0);
             row.memory_limit_bytes = limits.effective(&row.cgroup).0.memory_bytes;
             row.over_limit_actions = self.backstop.actions(row.cgroup_id);
             row.alloc_denied = self.ledgers.get(&row.cgroup).map_or(0, |l| l.denied());
@@ -65,14 +82,8 @@ pub fn build(snap: &Snapshot, mut path_of: impl FnMut(u64) -> Option<String>) ->
     let mut rows: BTreeMap<u64, CgroupStatus> = BTreeMap::new();
     fn row(rows: &mut BTreeMap<u64, CgroupStatus>, id: u64) -> &mut CgroupStatus {
         rows.entry(id).or_insert_with(|| CgroupStatus {
-            cgroup: String::new(),
             cgroup_id: id,
-            pids: Vec::new(),
-            memory_used_bytes: 0,
-            memory_limit_bytes: None,
-            alloc_denied: 0,
-            over_limit_actions: 0,
-            devices: Vec::new(),
+            ..CgroupStatus::empty(String::new())
         })
     }
     for (key, usage) in &snap.usage {

@@ -28,9 +28,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "SIZE", value_parser = |s: &str| parse_size(s).map_err(|e| e.to_string()))]
     memory: Option<u64>,
 
-    /// Share of the GPU's compute time, e.g. 30%.
+    /// Guaranteed share of the GPU's compute time, e.g. 30%: the command gets at least this
+    /// much when it wants it, and more when others leave the GPU idle. Without an agent it
+    /// becomes a ceiling (the shim alone cannot know what others leave).
     #[arg(long, value_name = "PCT", value_parser = |s: &str| parse_percent(s).map_err(|e| e.to_string()))]
     compute: Option<u8>,
+
+    /// Hard ceiling on the command's compute time, e.g. 50%, kept even on an idle GPU.
+    #[arg(long, value_name = "PCT", value_parser = |s: &str| parse_percent(s).map_err(|e| e.to_string()))]
+    compute_cap: Option<u8>,
 
     /// Name of the cgroup to create under fgpu/ (default: run-<pid>); must not exist.
     #[arg(long, value_name = "NAME")]
@@ -74,7 +80,7 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode> {
     let limit = Limit {
         memory_bytes: args.memory,
         compute_pct: args.compute,
-        compute_cap_pct: None,
+        compute_cap_pct: args.compute_cap,
     };
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
@@ -95,7 +101,8 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode> {
         if let Some(m) = limit.memory_bytes {
             cmd.env("FGPU_MEMORY_LIMIT", m.to_string());
         }
-        if let Some(c) = limit.compute_pct {
+        // Standalone, a share can only be a ceiling; the cap wins when both are given.
+        if let Some(c) = limit.compute_cap_pct.or(limit.compute_pct) {
             cmd.env("FGPU_COMPUTE_SHARE", c.to_string());
         }
         // One ledger per run: other runs of the same user must not share this one's limit.
@@ -133,7 +140,10 @@ fn describe(limit: &Limit) -> String {
         parts.push(format!("memory {}", Size(m)));
     }
     if let Some(c) = limit.compute_pct {
-        parts.push(format!("compute {c}%"));
+        parts.push(format!("compute {c}% (as a ceiling)"));
+    }
+    if let Some(c) = limit.compute_cap_pct {
+        parts.push(format!("compute cap {c}%"));
     }
     parts.join(", ")
 }

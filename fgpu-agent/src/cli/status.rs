@@ -61,8 +61,8 @@ pub fn table(report: &StatusReport) -> String {
         .unwrap_or(6);
     let _ = writeln!(
         out,
-        "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}",
-        "CGROUP", "PIDS", "USED", "LIMIT", "DENIED"
+        "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}",
+        "CGROUP", "PIDS", "USED", "LIMIT", "DENIED", "COMPUTE", "GPU-TIME"
     );
     for c in &report.cgroups {
         let pids = if c.pids.is_empty() {
@@ -77,14 +77,25 @@ pub fn table(report: &StatusReport) -> String {
         let limit = c
             .memory_limit_bytes
             .map_or_else(|| "-".to_string(), |l| Size(l).to_string());
+        let compute = match (c.compute_share_pct, c.compute_cap_pct) {
+            (None, None) => "-".to_string(),
+            (Some(s), None) => format!("{s}%"),
+            (None, Some(k)) => format!("cap {k}%"),
+            (Some(s), Some(k)) => format!("{s}% cap {k}%"),
+        };
+        let used = c
+            .compute_used_pct
+            .map_or_else(|| "-".to_string(), |u| format!("{u:.1}%"));
         let _ = writeln!(
             out,
-            "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}",
+            "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}",
             c.cgroup,
             pids,
             Size(c.memory_used_bytes).to_string(),
             limit,
-            c.alloc_denied
+            c.alloc_denied,
+            compute,
+            used
         );
     }
     if report.cgroups.is_empty() {
@@ -116,14 +127,14 @@ mod tests {
     fn table_shows_sizes_people_read() {
         let report = StatusReport {
             cgroups: vec![CgroupStatus {
-                cgroup: "/fgpu/job-1".into(),
                 cgroup_id: 9,
                 pids: vec![10, 11],
                 memory_used_bytes: 805_306_368,
                 memory_limit_bytes: Some(1 << 30),
                 alloc_denied: 2,
-                over_limit_actions: 0,
-                devices: vec![],
+                compute_share_pct: Some(30),
+                compute_used_pct: Some(29.6),
+                ..CgroupStatus::empty("/fgpu/job-1".into())
             }],
             counters: KernelCounters {
                 ringbuf_drops: 3,
@@ -137,5 +148,6 @@ mod tests {
         assert!(t.contains("1GiB"), "{t}");
         assert!(t.contains("10,11"), "{t}");
         assert!(t.contains("3 events dropped"), "{t}");
+        assert!(t.contains("30%") && t.contains("29.6%"), "{t}");
     }
 }

@@ -4,12 +4,16 @@
 //! `cuDriverGetVersion` only; every other entry point through
 //! `cuGetProcAddress_v2(base, 12000, flags, &status)`. `--dlsym-direct` dlsyms the versioned
 //! names instead; `--ptsz` asks for per-thread-default-stream variants (flags = 2);
+//! `--export-table` launches (kernels and graphs) through the pointers of the driver's
+//! private launch table (`cuGetExportTable`, as the real runtime does) instead;
 //! `--strict` exits 1 if any step fails.
 //!
 //! Commands (one output line each, flushed):
 //!   alloc SIZE | alloc-api {mem_alloc|pitch|managed|async|pool|vmm|array} SIZE
 //!   free-last | free N | free-all | trim | info | launch N KERNEL | graph N KERNEL REPLAYS
 //!   sync | sleep MS | hold | nvml
+//!   launch-for MS KERNEL        (10 launches + sync, repeated for MS ms; prints n)
+//!   graph-for MS N KERNEL       (a graph of N launches replayed for MS ms; prints replays)
 //!   stress THREADS PAIRS SIZE   (THREADS threads × PAIRS cuMemAlloc_v2 + cuMemFree_v2 each)
 //!   bench-alloc PAIRS SIZE      (one thread; prints ns_per_pair)
 //!   bench-launch N KERNEL       (N launches + sync; prints launches_per_s; `empty` is real
@@ -554,6 +558,71 @@ impl Driver {
         );
     }
 
+    /// Launches `kernel` for `ms` of wall time, 10 at a time and synchronising after each 10
+    /// (a bounded queue, like a training loop), then reports how many ran.
+    fn launch_for(&mut self, ms: u64, kernel: &str) {
+        let t = Instant::now();
+        let mut n = 0u64;
+        let rc = match self.function(kernel) {
+            Err(rc) => rc,
+            Ok(f) => loop {
+                let rc = self.launch_n(f, 10, 0);
+                // SAFETY: no arguments.
+                let sync = unsafe { (self.api.ctx_synchronize)() };
+                if rc != 0 || sync != 0 {
+                    break if rc != 0 { rc } else { sync };
+                }
+                n += 10;
+                if t.elapsed().as_millis() as u64 >= ms {
+                    break 0;
+                }
+            },
+        };
+        let elapsed = t.elapsed().as_secs_f64() * 1e3;
+        self.report(
+            rc,
+            format!("launch-for ok n={n} kernel={kernel} elapsed_ms={elapsed:.1}"),
+            format!("launch-for fail rc={rc} kernel={kernel}"),
+        );
+    }
+
+    /// Captures `n` launches of `kernel` into a graph, then replays it for `ms` of wall time
+    /// (two replays, then a stream synchronisation), and reports how many replays ran.
+    fn graph_for(&mut self, ms: u64, n: u64, kernel: &str) {
+        let t = Instant::now();
+        let mut replays = 0u64;
+        let (mut stream, mut graph, mut exec) = (0usize, 0usize, 0usize);
+        let rc = match self.function(kernel) {
+            Err(rc) => rc,
+            Ok(func) => {
+                let a = &self.api;
+                // SAFETY: documented signatures; pointers to valid locals (all calls).
+                (|| unsafe {
+                    step!((a.stream_create)(&mut stream, 1));
+                    step!((a.stream_begin_capture)(stream, 0));
+                    step!(self.launch_n(func, n, stream));
+                    step!((a.stream_end_capture)(stream, &mut graph));
+                    step!((a.graph_instantiate)(&mut exec, graph, 0));
+                    loop {
+                        step!((a.graph_launch)(exec, stream));
+                        step!((a.graph_launch)(exec, stream));
+                        step!((a.stream_synchronize)(stream));
+                        replays += 2;
+                        if t.elapsed().as_millis() as u64 >= ms {
+                            break 0;
+                        }
+                    }
+                })()
+            }
+        };
+        let elapsed = t.elapsed().as_secs_f64() * 1e3;
+        self.report(
+            rc,
+            format!("graph-for ok replays={replays} n={n} kernel={kernel} elapsed_ms={elapsed:.1}"),
+            format!("graph-for fail rc={rc} kernel={kernel}"),
+        );
+    }
+
     fn graph(&mut self, n: u64, kernel: &str, replays: u64) {
         let t = Instant::now();
         let (mut stream, mut graph, mut exec) = (0usize, 0usize, 0usize);
@@ -685,12 +754,40 @@ fn nvml(path: &str) -> bool {
     true
 }
 
+/// Replaces the launch entry points with the pointers of the simulator's private launch
+/// table (fgpu-sim's `cuda::export_table`: `{ size, cuLaunchKernel, cuLaunchKernel_ptsz,
+/// cuGraphLaunch }`); exits if the driver has none.
+fn launch_table(lib: &Lib, api: &mut Api, ptsz: bool) {
+    const ID: [u8; 16] = *b"fgpu-sim-launch\0";
+    let get = lib.resolve("cuGetExportTable", "cuGetExportTable");
+    if get.is_null() {
+        out("error missing=cuGetExportTable".into());
+        std::process::exit(2);
+    }
+    // SAFETY: cuGetExportTable(const void **, const CUuuid *).
+    let get: unsafe extern "C" fn(*mut *const usize, *const [u8; 16]) -> R = unsafe { fn_ptr(get) };
+    let mut t: *const usize = std::ptr::null();
+    // SAFETY: valid out-pointer and id.
+    let rc = unsafe { get(&mut t, &ID) };
+    if rc != 0 || t.is_null() {
+        out(format!("error export-table rc={rc}"));
+        std::process::exit(2);
+    }
+    // SAFETY: the table has four pointer-sized fields (size first); the pointers are the
+    // driver's launch functions with the signatures of the fields they replace.
+    unsafe {
+        let kernel = *t.add(if ptsz { 2 } else { 1 }) as Ptr;
+        api.launch_kernel = fn_ptr(kernel);
+        api.graph_launch = fn_ptr(*t.add(3) as Ptr);
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     out(format!("pid={}", std::process::id()));
     let mut i = 0;
-    let (mut path, mut direct, mut ptsz, mut strict) =
-        ("libcuda.so.1".to_string(), false, false, false);
+    let (mut path, mut direct, mut ptsz, mut strict, mut table) =
+        ("libcuda.so.1".to_string(), false, false, false, false);
     while i < args.len() && args[i].starts_with("--") {
         match args[i].as_str() {
             "--lib" => {
@@ -700,6 +797,7 @@ fn main() {
             "--dlsym-direct" => direct = true,
             "--ptsz" => ptsz = true,
             "--strict" => strict = true,
+            "--export-table" => table = true,
             other => {
                 out(format!("error unknown-option={other}"));
                 std::process::exit(2);
@@ -727,7 +825,10 @@ fn main() {
         out("error missing=cuInit".into());
         std::process::exit(2);
     }
-    let api = Api::load(&lib);
+    let mut api = Api::load(&lib);
+    if table {
+        launch_table(&lib, &mut api, ptsz);
+    }
     let mut v = 0i32;
     let (mut ctx, mut dev) = (0usize, 0i32);
     // SAFETY: documented signatures (cuInit(unsigned), cuDriverGetVersion(int*)).
@@ -809,6 +910,19 @@ fn main() {
                     i += 1;
                     d.graph(n, &kernel, replays);
                 }
+            }
+            "launch-for" => {
+                let ms = num_arg(args.get(i)).unwrap_or(1000);
+                let kernel = args.get(i + 1).cloned().unwrap_or_default();
+                i += 2;
+                d.launch_for(ms, &kernel);
+            }
+            "graph-for" => {
+                let ms = num_arg(args.get(i)).unwrap_or(1000);
+                let n = num_arg(args.get(i + 1)).unwrap_or(1);
+                let kernel = args.get(i + 2).cloned().unwrap_or_default();
+                i += 3;
+                d.graph_for(ms, n, &kernel);
             }
             "sync" => d.sync(),
             "bench-launch" => {

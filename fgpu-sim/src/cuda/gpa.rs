@@ -65,6 +65,7 @@ static TABLE: &[Row] = &[
     r("cuCtxSynchronize", 2000, cuCtxSynchronize),
     r("cuGetProcAddress", 11030, cuGetProcAddress),
     r("cuGetProcAddress", 12000, cuGetProcAddress_v2),
+    r("cuGetExportTable", 3000, cuGetExportTable),
     r("cuGetErrorString", 6000, cuGetErrorString),
     r("cuGetErrorName", 6000, cuGetErrorName),
     r("cuMemAlloc", 2000, cuMemAlloc_v2),

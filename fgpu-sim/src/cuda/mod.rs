@@ -4,6 +4,7 @@
 pub mod array;
 pub mod context;
 pub mod device;
+pub mod export_table;
 pub mod gpa;
 pub mod launch;
 pub mod memory;

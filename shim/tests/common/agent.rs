@@ -110,8 +110,15 @@ impl AgentWorld {
 
     /// `fgpu limit set CGROUP --memory SIZE`; panics if refused.
     pub fn set_limit(&self, cg: &Cgroup, size: &str) {
+        self.set_limits(cg, &["--memory", size]);
+    }
+
+    /// `fgpu limit set CGROUP OPTIONS...`; panics if refused.
+    pub fn set_limits(&self, cg: &Cgroup, options: &[&str]) {
         let out = Command::new(&self.fgpu)
-            .args(["limit", "set", &cg.path, "--memory", size, "--socket"])
+            .args(["limit", "set", &cg.path])
+            .args(options)
+            .arg("--socket")
             .arg(&self.socket)
             .output()
             .expect("running fgpu limit set");
@@ -121,6 +128,20 @@ impl AgentWorld {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// `fgpu ARGS --socket SOCKET`: (success, stdout).
+    pub fn fgpu(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(&self.fgpu)
+            .args(args)
+            .arg("--socket")
+            .arg(&self.socket)
+            .output()
+            .expect("running fgpu");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
     }
 
     /// A command in `cg` and a PID namespace of its own (with its own /proc), the sim on the

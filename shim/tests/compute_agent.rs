@@ -1,0 +1,257 @@
+//! Compute shares under the agent (issue 6): `fgpu limit set CGROUP --compute PCT` /
+//! `--compute-cap PCT`, the agent's controller handing out turns on the simulator's one
+//! device timeline, the shims' launch gates keeping to them. Every tenant is a cgroup with
+//! processes in PID namespaces of their own, saturating the device with 1 ms kernels (10 at
+//! a time, then a synchronisation, like a training loop); a tenant's achieved share is the
+//! GPU time its kernels took over its wall time — the simulator runs one kernel at a time,
+//! so this is exact, independent of what the gate measured.
+//!
+//! `privileged_*` tests run the real agent (`fgpu agent --sim`) and need root.
+//! Figures are printed (`cargo test --test compute_agent -- --nocapture`).
+
+mod common;
+
+use common::agent::*;
+use common::field;
+use fgpu_testkit::{Cgroup, privileged, unique};
+
+/// Re-executed as a client by `AgentWorld::client`; does nothing in a normal test run.
+#[test]
+fn client_entry() {
+    if common::client::main() {
+        std::process::exit(0);
+    }
+}
+
+/// `elapsed_ms=` of a line.
+fn elapsed_ms(line: &str) -> f64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("elapsed_ms="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no elapsed_ms in '{line}'"))
+}
+
+/// GPU time share (percent) of a `launch-for` (1 ms kernels) or `graph-for` (graphs of 10 ×
+/// 1 ms) result line.
+fn share(line: &str) -> f64 {
+    let gpu_ms = if line.starts_with("graph-for") {
+        field(line, "replays") as f64 * 10.0
+    } else {
+        field(line, "n") as f64
+    };
+    100.0 * gpu_ms / elapsed_ms(line)
+}
+
+/// One saturating tenant: a cgroup with a compute setting and one process that waits for
+/// the start signal, then runs `work` (sim-load arguments).
+struct Tenant {
+    name: String,
+    cg: Cgroup,
+    proc: Option<Proc>,
+}
+
+fn tenant(w: &AgentWorld, name: &str, options: &[&str], work: &[&str]) -> Tenant {
+    let cg = Cgroup::new(&unique(&format!("fgpu-cmp-{name}")));
+    if !options.is_empty() {
+        w.set_limits(&cg, options);
+    }
+    let mut args = vec!["hold"];
+    args.extend(work);
+    let mut proc = w.load(&cg, &[("FGPU_LOG", "info")], &args);
+    proc.expect("ready");
+    Tenant {
+        name: name.to_string(),
+        cg,
+        proc: Some(proc),
+    }
+}
+
+/// Starts all tenants at once; returns each one's result lines (prefix `launch-for` or
+/// `graph-for`) in order, and the agent's `fgpu status --json` taken mid-run.
+fn run_together(
+    w: &AgentWorld,
+    agent: &Agent,
+    tenants: &mut [Tenant],
+    status_after_ms: u64,
+) -> (Vec<Vec<String>>, String) {
+    for t in tenants.iter_mut() {
+        t.proc.as_mut().unwrap().release();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(status_after_ms));
+    let (_, status) = w.fgpu(&["status", "--json"]);
+    let mut out = Vec::new();
+    for t in tenants.iter_mut() {
+        let f = t.proc.take().unwrap().finish();
+        let ctx = format!(
+            "tenant {} ({}):\n{:#?}\n{}\nagent log:\n{}",
+            t.name,
+            t.cg.path,
+            f.lines,
+            f.stderr,
+            agent.log_text()
+        );
+        for l in f.stderr.lines().filter(|l| l.contains("compute gate")) {
+            println!("  {}: {l}", t.name);
+        }
+        assert_eq!(f.code, Some(0), "{ctx}");
+        assert!(
+            !f.stderr.contains("capping at"),
+            "the agent's controller was there all along: {ctx}"
+        );
+        let results: Vec<String> = f
+            .lines
+            .iter()
+            .filter(|l| l.starts_with("launch-for ok") || l.starts_with("graph-for ok"))
+            .cloned()
+            .collect();
+        assert!(!results.is_empty(), "{ctx}");
+        out.push(results);
+    }
+    (out, status)
+}
+
+/// The compute figures of `cgroup` in a `fgpu status --json` report: (share, used %).
+fn status_compute(status: &str, cgroup: &str) -> (Option<u64>, Option<f64>) {
+    let v: serde_json::Value = serde_json::from_str(status).expect("status JSON");
+    // `--json` prints the rows; `--json --detail` the whole report.
+    let rows = v.as_array().or_else(|| v["cgroups"].as_array());
+    let row = rows
+        .and_then(|a| a.iter().find(|r| r["cgroup"] == cgroup))
+        .unwrap_or_else(|| panic!("no row for {cgroup} in {status}"));
+    (
+        row["compute_share_pct"].as_u64(),
+        row["compute_used_pct"].as_f64(),
+    )
+}
+
+const KERNELS_10S: [&str; 3] = ["launch-for", "10000", "sleep_1000us"];
+
+/// Two tenants at 30 / 70 for 10 s, one replaying CUDA graphs (so graph launches are what
+/// is counted for it), one launching kernels: each within ±3 points of its share, and the
+/// device kept busy. `fgpu status` shows the configured and achieved shares.
+#[test]
+fn privileged_two_tenants_at_30_70_get_their_shares() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("cmp3070");
+    let agent = w.agent();
+    let mut ts = vec![
+        tenant(
+            &w,
+            "g30",
+            &["--compute", "30"],
+            &["graph-for", "10000", "10", "sleep_1000us"],
+        ),
+        tenant(&w, "k70", &["--compute", "70"], &KERNELS_10S),
+    ];
+    let (results, status) = run_together(&w, &agent, &mut ts, 6000);
+    let shares: Vec<f64> = results.iter().map(|r| share(&r[0])).collect();
+    println!(
+        "30/70 over 10 s: graphs {:.1}%, kernels {:.1}%, device busy {:.1}%",
+        shares[0],
+        shares[1],
+        shares[0] + shares[1]
+    );
+    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
+    assert!((shares[0] - 30.0).abs() <= 3.0, "{ctx}");
+    assert!((shares[1] - 70.0).abs() <= 3.0, "{ctx}");
+    assert!(shares[0] + shares[1] >= 95.0, "work-conserving: {ctx}");
+    let (cfg, used) = status_compute(&status, &ts[0].cg.path);
+    println!(
+        "fgpu status during the run: {} share {cfg:?}% used {used:?}%",
+        ts[0].cg.path
+    );
+    assert_eq!(cfg, Some(30), "{status}");
+    let used = used.unwrap_or_else(|| panic!("no achieved share in {status}"));
+    assert!((used - 30.0).abs() <= 5.0, "{status}");
+}
+
+/// Three tenants at 20 / 30 / 50 for 10 s: each within ±3 points.
+#[test]
+fn privileged_three_tenants_at_20_30_50_get_their_shares() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("cmp235");
+    let agent = w.agent();
+    let mut ts: Vec<Tenant> = [20, 30, 50]
+        .iter()
+        .map(|p| {
+            tenant(
+                &w,
+                &format!("k{p}"),
+                &["--compute", &p.to_string()],
+                &KERNELS_10S,
+            )
+        })
+        .collect();
+    let (results, _) = run_together(&w, &agent, &mut ts, 100);
+    let shares: Vec<f64> = results.iter().map(|r| share(&r[0])).collect();
+    println!(
+        "20/30/50 over 10 s: {:.1}% / {:.1}% / {:.1}%, device busy {:.1}%",
+        shares[0],
+        shares[1],
+        shares[2],
+        shares.iter().sum::<f64>()
+    );
+    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
+    for (s, want) in shares.iter().zip([20.0, 30.0, 50.0]) {
+        assert!((s - want).abs() <= 3.0, "{s:.1} vs {want}: {ctx}");
+    }
+}
+
+/// A tenant with a 30 % share takes the time its 70 % neighbour leaves: 30 % while both
+/// run, nearly all of the device once the neighbour stops. A tenant with a 30 % cap alone on
+/// the device stays under it.
+#[test]
+fn privileged_shares_are_work_conserving_and_caps_are_not() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("cmpwc");
+    let agent = w.agent();
+    let mut ts = vec![
+        tenant(
+            &w,
+            "s30",
+            &["--compute", "30"],
+            &[
+                "launch-for",
+                "3000",
+                "sleep_1000us",
+                "launch-for",
+                "3000",
+                "sleep_1000us",
+            ],
+        ),
+        tenant(
+            &w,
+            "s70",
+            &["--compute", "70"],
+            &["launch-for", "3000", "sleep_1000us"],
+        ),
+    ];
+    let (results, _) = run_together(&w, &agent, &mut ts, 100);
+    let (both, alone) = (share(&results[0][0]), share(&results[0][1]));
+    let other = share(&results[1][0]);
+    println!(
+        "work-conserving: 30% share next to a busy 70% tenant {both:.1}% (neighbour {other:.1}%), \
+         after the neighbour stopped {alone:.1}%"
+    );
+    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
+    assert!((both - 30.0).abs() <= 4.0, "{ctx}");
+    assert!(alone >= 90.0, "{ctx}");
+
+    let mut ts = vec![tenant(
+        &w,
+        "c30",
+        &["--compute-cap", "30"],
+        &["launch-for", "5000", "sleep_1000us"],
+    )];
+    let (results, _) = run_together(&w, &agent, &mut ts, 100);
+    let capped = share(&results[0][0]);
+    println!("cap 30% alone on the device: {capped:.1}%");
+    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
+    assert!((25.0..=33.0).contains(&capped), "{ctx}");
+}
