@@ -627,6 +627,8 @@ pub fn tick() {
         reconnect();
     }
     BUSY.store(false, SeqCst);
+    // A compute share set or changed since the gate last looked.
+    crate::gate::check_generation();
 }
 
 /// Tries once to get the agent's ledger again and switch to it.
@@ -692,6 +694,7 @@ fn reconnect() {
         }
         LINK.store(UP, SeqCst);
         LOST_WARNED.store(false, SeqCst);
+        crate::gate::ledger_changed();
         info!(
             "reconnected to the fgpu agent at {} (cgroup {})",
             cfg.socket, reply.cgroup

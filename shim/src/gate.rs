@@ -974,6 +974,7 @@ fn scan_ledger() {
     if crate::config::active()
         && let Some((l, _)) = ledger_file::get()
     {
+        SEEN_GENERATION.store(l.limits.generation.load(Acquire), Relaxed);
         gated = (0..MAX_DEVICES).any(|i| ledger_setting(l, i).0);
     }
     LEDGER_GATED.store(gated, Relaxed);
@@ -982,9 +983,24 @@ fn scan_ledger() {
     crate::launch::publish(!on);
 }
 
-/// For the agent link: the ledger's limits changed (or a new ledger was installed). Re-reads
-/// the compute settings; per-device modes are resolved again at the next launch.
-#[allow(dead_code)]
+/// The ledger generation the compute settings were last read at (u64::MAX: never).
+static SEEN_GENERATION: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// Re-reads the compute settings if the ledger's limits changed since they were read (the
+/// agent bumps `generation` after every change): one load when nothing changed. Called by
+/// the gated launch path and the agent link's periodic check.
+pub fn check_generation() {
+    if let Some((l, _)) = ledger_file::get() {
+        let g = l.limits.generation.load(Acquire);
+        let seen = SEEN_GENERATION.load(Relaxed);
+        if g != seen && seen != u64::MAX {
+            ledger_changed();
+        }
+    }
+}
+
+/// The ledger's limits changed (or a new ledger was installed): re-reads the compute
+/// settings; per-device modes are resolved again at the next launch.
 pub fn ledger_changed() {
     INIT.call_once(init);
     for d in &DEVS {
@@ -1044,6 +1060,7 @@ pub fn launch(kind: Kind, stream: Handle, ptsz: bool, call: impl FnOnce() -> CUr
     if !enabled() {
         return call();
     }
+    check_generation();
     let now = now_ns();
     let (key, rec) = stream_key(stream as usize, ptsz);
     let Some(s) = slot(key, rec, now) else {

@@ -357,9 +357,10 @@ fn map_ledger(path: &str) -> &'static fgpu_common::ledger::Ledger {
 }
 
 /// The agent-driven mode's consuming side: with `compute_cap` set in the ledger the shim
-/// spends the ledger's `launch_budget` (one atomic per batch), which this test refills the
-/// way docs/compute.md tells the agent to (every 10 ms: + cap × 10 ms, at most cap × 100 ms).
-/// When the refills stop, the shim falls back to a local cap at the ledger's rate after 1 s.
+/// spends the ledger's `launch_budget` (one atomic per batch), which this test refills like a
+/// controller that gives the container the device alone (every 10 ms: + cap × 10 ms, at most
+/// cap × 100 ms), bumping the heartbeat. When the heartbeat stops, the shim falls back to a
+/// local cap at the ledger's rate after 1 s.
 #[test]
 fn a_ledger_cap_is_enforced_through_the_agents_budget() {
     use std::sync::Arc;
@@ -387,6 +388,7 @@ fn a_ledger_cap_is_enforced_through_the_agents_budget() {
             let (quota, burst) = (PERIOD_NS * 30 / 100, 100_000_000 * 30 / 100);
             while !stop.load(Relaxed) {
                 for &i in &bound {
+                    l.usage.compute[i].heartbeat.fetch_add(1, Relaxed);
                     let b = &l.usage.devices[i].launch_budget;
                     let _ = b.fetch_update(Relaxed, Relaxed, |v| {
                         Some(if v >= burst {
@@ -410,15 +412,16 @@ fn a_ledger_cap_is_enforced_through_the_agents_budget() {
         "ledger cap 30% (budget refilled by a fake agent): 60 x 10 ms in {wall:.0} ms: {share:.1}%"
     );
     assert!((27.0..=33.0).contains(&share), "share {share:.1}%\n{o}");
-    // The agent stops refilling: the shim notices within a second and caps locally.
-    l.usage.devices[bound[0]].launch_budget.store(0, Relaxed);
+    // The controller stops (no heartbeat, no refills): the shim notices within a second and
+    // caps locally.
+    l.usage.devices[bound[0]].launch_budget.store(-1, Relaxed);
     let o = w.load(&env, &["launch", "60", "sleep_10000us", "sync"]);
     assert_eq!(o.code, Some(0), "{o}");
     let wall = launch_sync_ms(&o);
     let share = 100.0 * 600.0 / wall;
-    println!("ledger cap 30%, no refills: 60 x 10 ms in {wall:.0} ms: {share:.1}%");
+    println!("ledger cap 30%, controller gone: 60 x 10 ms in {wall:.0} ms: {share:.1}%");
     assert!(
-        o.stderr.contains("has not refilled the compute budget"),
+        o.stderr.contains("compute controller has been silent"),
         "{o}"
     );
     assert!(share <= 33.0, "share {share:.1}%\n{o}");

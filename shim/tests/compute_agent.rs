@@ -255,3 +255,47 @@ fn privileged_shares_are_work_conserving_and_caps_are_not() {
     let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
     assert!((25.0..=33.0).contains(&capped), "{ctx}");
 }
+
+/// A changed setting reaches a running, gated process: a 30 % cap raised to 60 % while the
+/// tenant runs.
+#[test]
+fn privileged_a_changed_cap_reaches_a_running_process() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("cmpchg");
+    let agent = w.agent();
+    let mut ts = vec![tenant(
+        &w,
+        "chg",
+        &["--compute-cap", "30"],
+        &[
+            "launch-for",
+            "2000",
+            "sleep_1000us",
+            "launch-for",
+            "3000",
+            "sleep_1000us",
+        ],
+    )];
+    let cg = ts[0].cg.path.clone();
+    let setter = {
+        let (fgpu, socket) = w.fgpu_and_socket();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(2300));
+            std::process::Command::new(fgpu)
+                .args(["limit", "set", &cg, "--compute-cap", "60", "--socket"])
+                .arg(socket)
+                .status()
+                .expect("fgpu limit set")
+                .success()
+        })
+    };
+    let (results, _) = run_together(&w, &agent, &mut ts, 100);
+    assert!(setter.join().unwrap(), "fgpu limit set failed");
+    let (before, after) = (share(&results[0][0]), share(&results[0][1]));
+    println!("cap 30% raised to 60% while running: {before:.1}% then {after:.1}%");
+    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
+    assert!((25.0..=33.0).contains(&before), "{ctx}");
+    assert!((50.0..=63.0).contains(&after), "{ctx}");
+}

@@ -130,6 +130,11 @@ impl AgentWorld {
         );
     }
 
+    /// The `fgpu` binary and this world's socket (for threads of a test).
+    pub fn fgpu_and_socket(&self) -> (PathBuf, PathBuf) {
+        (self.fgpu.clone(), self.socket.clone())
+    }
+
     /// `fgpu ARGS --socket SOCKET`: (success, stdout).
     pub fn fgpu(&self, args: &[&str]) -> (bool, String) {
         let out = Command::new(&self.fgpu)
