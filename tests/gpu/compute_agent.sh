@@ -169,22 +169,32 @@ reap # left over from an earlier run that was stopped hard
 # 1-2: no fgpu at all (no agent, no shim).
 phase ref "$SECS" "$WARM" a:matmul:bare:-
 phase ref "$SECS" "$WARM" b:graph:bare:-
-phase slice "$SECS" "$WARM" a:matmul:bare:- b:graph:bare:-
+want slice && phase slice "$SECS" "$WARM" a:matmul:bare:- b:graph:bare:-
+
+# ONLY="s30 cap30 ...": the references and just these phases (a quicker look).
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 # 3, 4, 6: under the agent.
 start_agent
-limits "--compute 30" "--compute 70"
-phase s30 "$SECS" "$WARM" a:matmul:fgpu:share30 b:graph:fgpu:share70
-limits "--compute 50" "--compute 50"
-phase s50 "$SECS" "$WARM" a:matmul:fgpu:share50 b:graph:fgpu:share50
-limits "--compute-cap 30" ""
-phase cap30 8 2 a:matmul:fgpu:cap30
+if want s30; then
+  limits "--compute 30" "--compute 70"
+  phase s30 "$SECS" "$WARM" a:matmul:fgpu:share30 b:graph:fgpu:share70
+fi
+if want s50; then
+  limits "--compute 50" "--compute 50"
+  phase s50 "$SECS" "$WARM" a:matmul:fgpu:share50 b:graph:fgpu:share50
+fi
+if want cap30; then
+  limits "--compute-cap 30" ""
+  phase cap30 8 2 a:matmul:fgpu:cap30
+fi
 stop_agent
 
 # 5: --compute 100 under agent + shim vs no fgpu at all, interleaved (bare full full bare bare
 # full: a linear drift weighs on both alike; medians of 3).
 n=0
-for mode in bare fgpu fgpu bare bare fgpu; do
+
+for mode in $(want full && echo bare fgpu fgpu bare bare fgpu); do
   n=$((n + 1))
   if [ "$mode" = fgpu ]; then
     [ -n "$agent_pid" ] || { start_agent; limits "--compute 100" ""; }
