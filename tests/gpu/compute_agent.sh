@@ -59,7 +59,7 @@ report() { # the criteria and the table, last on stdout
 start_agent() {
   rm -rf "$BPF"; rm -f "$SOCK"
   "$FGPU" agent --socket "$SOCK" --libcuda "$LIBCUDA" --bpf-dir "$BPF" \
-    --state-dir "$WORK/state" --log info >> "$OUT/agent.log" 2>&1 &
+    --state-dir "$WORK/state" --log "${AGENT_LOG:-info}" >> "$OUT/agent.log" 2>&1 &
   agent_pid=$!
   for _ in $(seq 150); do [ -S "$SOCK" ] && break; kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.1; done
   [ -S "$SOCK" ] || { echo "FAIL: agent did not start"; tail -20 "$OUT/agent.log"; exit 1; }
@@ -95,7 +95,7 @@ reap() { # kill whatever is left in the cgroups and wait until they are empty
 
 # phase NAME SECS WARM TENANT:ROLE:MODE:SETTING...  (MODE bare = no shim, fgpu = LD_PRELOAD + agent)
 # Starts one worker per spec in its container, waits until all are set up, gives them one start
-# time, saves `fgpu status` half-way through the measurement (when the agent runs), waits.
+# time, saves `fgpu status` near the end of the measurement (when the agent runs), waits.
 phase() {
   local name=$1 secs=$2 warm=$3; shift 3
   local spec tenant role mode setting i ready pending start rc
@@ -127,7 +127,8 @@ phase() {
   start=$(awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }')
   echo "$start" > "$WORK/$name.go.tmp" && mv "$WORK/$name.go.tmp" "$WORK/$name.go"
   if [ -n "$agent_pid" ]; then
-    sleep "$((warm + secs / 2))"
+    # Near the end of the measured window: the agent's GPU-TIME covers the last 5 s.
+    sleep "$(awk -v w="$warm" -v s="$secs" 'BEGIN { print w + s - 0.7 }')"
     "$FGPU" status --socket "$SOCK" > "$OUT/status-$name.txt" 2>&1
     "$FGPU" status --json --detail --socket "$SOCK" > "$OUT/status-$name.json" 2> "$OUT/status-$name.err"
     sed 's/^/   /' "$OUT/status-$name.txt"

@@ -134,11 +134,18 @@ impl Tenant {
         }
     }
 
+    /// Measured GPU time over the history (at most [`ACHIEVED_OVER`]), percent of wall time.
     fn used_pct(&self) -> f64 {
-        match (self.history.front(), self.history.back()) {
-            (Some(&(t0, g0)), Some(&(t1, g1))) if t1 > t0 => {
-                (g1 - g0) as f64 * 100.0 / (t1 - t0) as f64
-            }
+        self.used_pct_over(ACHIEVED_OVER.as_nanos() as u64)
+    }
+
+    /// The same over (at most) the last `ns`.
+    fn used_pct_over(&self, ns: u64) -> f64 {
+        let Some(&(t1, g1)) = self.history.back() else {
+            return 0.0;
+        };
+        match self.history.iter().find(|&&(t, _)| t1 - t <= ns) {
+            Some(&(t0, g0)) if t1 > t0 => (g1 - g0) as f64 * 100.0 / (t1 - t0) as f64,
             _ => 0.0,
         }
     }
@@ -184,6 +191,7 @@ pub struct Controller {
     draining: HashMap<u64, ((String, usize), u64)>,
     last_tick: u64,
     last_sample: u64,
+    last_log: u64,
 }
 
 impl Controller {
@@ -380,7 +388,11 @@ impl Controller {
     /// Refreshes the status figures.
     fn publish(&mut self, now: u64, status: &ComputeStatus) {
         let mut by_cgroup: HashMap<String, ComputeFigures> = HashMap::new();
-        for ((cgroup, _), t) in self.tenants.iter_mut() {
+        let log_now = now - self.last_log >= 1_000_000_000;
+        if log_now {
+            self.last_log = now;
+        }
+        for ((cgroup, idx), t) in self.tenants.iter_mut() {
             t.history.push_back((now, t.last_gpu));
             while t
                 .history
@@ -388,6 +400,22 @@ impl Controller {
                 .is_some_and(|&(at, _)| now - at > ACHIEVED_OVER.as_nanos() as u64)
             {
                 t.history.pop_front();
+            }
+            if log_now {
+                let c = t.compute();
+                tracing::debug!(
+                    cgroup = %cgroup,
+                    device = idx,
+                    used_pct_1s = format!("{:.1}", t.used_pct_over(1_000_000_000)),
+                    share = t.share,
+                    cap = t.cap,
+                    tokens_ms = t.tokens / 1_000_000,
+                    vtime_ms = format!("{:.1}", t.vtime / 1e6),
+                    waiting = c.waiting.load(SeqCst),
+                    inflight = c.inflight.load(SeqCst),
+                    grants = c.grant.load(SeqCst),
+                    "compute tenant"
+                );
             }
             let f = by_cgroup.entry(cgroup.clone()).or_default();
             f.share_pct = gated(t.share).then_some(t.share);
