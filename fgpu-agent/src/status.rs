@@ -34,6 +34,11 @@ pub struct CgroupStatus {
     /// compute is not gated.
     #[serde(default)]
     pub compute_used_pct: Option<f64>,
+    /// Cross-check: NVML's per-process SM utilisation of the cgroup's processes over the last
+    /// few seconds, percent (summed over processes and devices; `null` where NVML has no
+    /// samples, e.g. the simulated driver).
+    #[serde(default)]
+    pub compute_nvml_pct: Option<f64>,
 }
 
 impl CgroupStatus {
@@ -51,6 +56,7 @@ impl CgroupStatus {
             compute_share_pct: None,
             compute_cap_pct: None,
             compute_used_pct: None,
+            compute_nvml_pct: None,
         }
     }
 }

@@ -954,8 +954,35 @@ fn init() {
         }
     }
     scan_ledger();
+    start_watcher();
     // SAFETY: registering a plain extern "C" function with no preconditions.
     unsafe { libc::atexit(report) };
+}
+
+/// How often the watcher looks at the ledger's generation.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Under an agent: a thread that re-reads the compute settings when the agent changes them,
+/// so that a share set on a running process that launches without being gated (its launches
+/// take the fast path and never look) applies within [`WATCH_EVERY`]. One load per wake-up.
+/// Not restarted in forked children (they notice at their next allocation).
+fn start_watcher() {
+    if !ledger_file::current().2 {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("fgpu-watch".into())
+        .spawn(|| {
+            loop {
+                std::thread::sleep(WATCH_EVERY);
+                check_generation();
+            }
+        });
+    if let Err(e) = spawned {
+        warning!(
+            "no compute-settings watcher ({e}): a share set later applies at the next allocation"
+        );
+    }
 }
 
 /// `PCT` (`30` or `30%`), 1 to 100.

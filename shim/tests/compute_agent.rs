@@ -299,3 +299,48 @@ fn privileged_a_changed_cap_reaches_a_running_process() {
     assert!((25.0..=33.0).contains(&before), "{ctx}");
     assert!((50.0..=63.0).contains(&after), "{ctx}");
 }
+
+/// A cap set on a running process that was not gated (its launches took the fast path)
+/// reaches it within a fraction of a second: 100 % before, about 30 % after.
+#[test]
+fn privileged_a_cap_set_later_reaches_an_ungated_running_process() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("cmplate");
+    let agent = w.agent();
+    let mut ts = vec![tenant(
+        &w,
+        "late",
+        &[],
+        &[
+            "launch-for",
+            "1000",
+            "sleep_1000us",
+            "launch-for",
+            "3000",
+            "sleep_1000us",
+        ],
+    )];
+    let cg = ts[0].cg.path.clone();
+    let setter = {
+        let (fgpu, socket) = w.fgpu_and_socket();
+        std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(1200));
+            std::process::Command::new(fgpu)
+                .args(["limit", "set", &cg, "--compute-cap", "30", "--socket"])
+                .arg(socket)
+                .status()
+                .expect("fgpu limit set")
+                .success()
+        })
+    };
+    let (results, _) = run_together(&w, &agent, &mut ts, 100);
+    assert!(setter.join().unwrap(), "fgpu limit set failed");
+    let (before, after) = (share(&results[0][0]), share(&results[0][1]));
+    println!("no limit, then a 30% cap set while running: {before:.1}% then {after:.1}%");
+    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
+    assert!(before >= 90.0, "{ctx}");
+    // 0.2 s at 100 %, then 2.8 s at 30 %: about 35 %.
+    assert!((28.0..=42.0).contains(&after), "{ctx}");
+}

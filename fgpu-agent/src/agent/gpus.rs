@@ -16,6 +16,7 @@ pub struct Gpu {
 
 pub struct Gpus {
     pub devices: Vec<Gpu>,
+    nvml: Option<Nvml>,
 }
 
 impl Gpus {
@@ -33,6 +34,7 @@ impl Gpus {
                 tracing::warn!("NVML unavailable ({err}): device sizes unknown");
                 return Self {
                     devices: Vec::new(),
+                    nvml: None,
                 };
             }
         };
@@ -51,11 +53,60 @@ impl Gpus {
         for g in &devices {
             tracing::info!(index = g.index, uuid = %g.uuid, name = %g.name, memory = g.memory_total_bytes, "GPU");
         }
-        Self { devices }
+        Self {
+            devices,
+            nvml: Some(nvml),
+        }
+    }
+
+    /// NVML's per-process SM utilisation, percent, summed over devices: for each process the
+    /// mean of the samples NVML kept since `since_us` (CPU time, µs since the epoch). The
+    /// compute controller's cross-check; empty where NVML does not support it.
+    pub fn process_sm_util(&self, since_us: u64) -> Vec<(u32, f64)> {
+        let Some(nvml) = &self.nvml else {
+            return Vec::new();
+        };
+        let mut samples = Vec::new();
+        for g in &self.devices {
+            let Ok(d) = nvml.device_by_index(g.index) else {
+                continue;
+            };
+            if let Ok(s) = d.process_utilization_stats(since_us) {
+                samples.extend(s.into_iter().map(|s| (g.index, s.pid, s.sm_util)));
+            }
+        }
+        mean_per_process(&samples)
     }
 
     /// The largest device's memory, if any device is known.
     pub fn largest_memory(&self) -> Option<u64> {
         self.devices.iter().map(|g| g.memory_total_bytes).max()
+    }
+}
+
+/// (device, pid, sm %) samples → (pid, mean over each device's samples, summed over devices).
+fn mean_per_process(samples: &[(u32, u32, u32)]) -> Vec<(u32, f64)> {
+    let mut per: std::collections::BTreeMap<(u32, u32), (f64, u32)> = Default::default();
+    for &(dev, pid, sm) in samples {
+        let e = per.entry((pid, dev)).or_default();
+        e.0 += f64::from(sm);
+        e.1 += 1;
+    }
+    let mut out: std::collections::BTreeMap<u32, f64> = Default::default();
+    for ((pid, _), (sum, n)) in per {
+        *out.entry(pid).or_default() += sum / f64::from(n);
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_process_means_are_summed_over_devices() {
+        let samples = [(0, 10, 30), (0, 10, 40), (1, 10, 20), (0, 11, 90)];
+        assert_eq!(mean_per_process(&samples), vec![(10, 55.0), (11, 90.0)]);
+        assert!(mean_per_process(&[]).is_empty());
     }
 }

@@ -50,7 +50,9 @@ impl State {
             }
         }
         report.cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
+        let nvml = nvml_by_cgroup(&self.gpus);
         for row in &mut report.cgroups {
+            row.compute_nvml_pct = nvml.get(&row.cgroup).map(|p| (p * 10.0).round() / 10.0);
             let effective = limits.effective(&row.cgroup).0;
             row.compute_share_pct = effective.compute_pct;
             row.compute_cap_pct = effective.compute_cap_pct;
@@ -74,6 +76,34 @@ impl State {
             ledger.apply(&limits.effective(&ledger.cgroup).0);
         }
     }
+}
+
+/// How far back NVML's per-process utilisation is read for `fgpu status`.
+const NVML_OVER_US: u64 = 5_000_000;
+
+/// NVML's per-process SM utilisation over the last few seconds, summed per cgroup (the
+/// processes' cgroups from /proc: NVML reports host PIDs).
+fn nvml_by_cgroup(gpus: &Gpus) -> std::collections::HashMap<String, f64> {
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
+    let mut out = std::collections::HashMap::new();
+    for (pid, pct) in gpus.process_sm_util(now_us.saturating_sub(NVML_OVER_US)) {
+        if let Some(cg) = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .ok()
+            .and_then(|t| cgroup_v2_path(&t))
+        {
+            *out.entry(cg).or_insert(0.0) += pct;
+        }
+    }
+    out
+}
+
+/// The cgroup v2 path in the text of /proc/PID/cgroup (the `0::PATH` line).
+fn cgroup_v2_path(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim().to_string())
 }
 
 /// Groups the kernel's per-(cgroup, device) totals into one row per cgroup that holds
@@ -131,6 +161,14 @@ mod tests {
             device,
             pad: 0,
         }
+    }
+
+    #[test]
+    fn the_v2_line_of_proc_cgroup() {
+        let hybrid = "12:memory:/user.slice\n1:name=systemd:/x\n0::/fgpu/job-1\n";
+        assert_eq!(cgroup_v2_path(hybrid).as_deref(), Some("/fgpu/job-1"));
+        assert_eq!(cgroup_v2_path("0::/\n").as_deref(), Some("/"));
+        assert_eq!(cgroup_v2_path("3:cpu:/a\n"), None);
     }
 
     #[test]

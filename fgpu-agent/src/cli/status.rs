@@ -1,4 +1,4 @@
-//! `fgpu status`: GPU memory use per cgroup.
+//! `fgpu status`: GPU memory use and compute time per cgroup.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -14,7 +14,8 @@ use crate::status::StatusReport;
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Print a JSON array, one object per cgroup (fields: cgroup, cgroup_id, pids,
-    /// memory_used_bytes, memory_limit_bytes, alloc_denied, devices).
+    /// memory_used_bytes, memory_limit_bytes, alloc_denied, over_limit_actions, devices,
+    /// compute_share_pct, compute_cap_pct, compute_used_pct).
     #[arg(long)]
     json: bool,
 
