@@ -167,13 +167,13 @@ cat "$OUT/environment.txt"
 mkdir -p "$CG/fgpu-cmp-a" "$CG/fgpu-cmp-b" || exit 1
 reap # left over from an earlier run that was stopped hard
 
+# ONLY="s30 cap30 ...": the references and just these phases (a quicker look).
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+
 # 1-2: no fgpu at all (no agent, no shim).
 phase ref "$SECS" "$WARM" a:matmul:bare:-
 phase ref "$SECS" "$WARM" b:graph:bare:-
 want slice && phase slice "$SECS" "$WARM" a:matmul:bare:- b:graph:bare:-
-
-# ONLY="s30 cap30 ...": the references and just these phases (a quicker look).
-want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 # 3, 4, 6: under the agent.
 start_agent
