@@ -152,3 +152,72 @@ fn privileged_fgpu_run_with_an_agent_is_limited_and_leaves_nothing_behind() {
         "limit left behind"
     );
 }
+
+/// GPU-time share of a `launch-for ... sleep_1000us` result line (n × 1 ms / elapsed).
+fn launch_for_share(stdout: &str) -> f64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("launch-for ok"))
+        .unwrap_or_else(|| panic!("no launch-for line in {stdout}"));
+    let field = |k: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {line}"))
+    };
+    100.0 * field("n=") / field("elapsed_ms=")
+}
+
+#[test]
+fn privileged_fgpu_run_compute_cap_with_and_without_an_agent() {
+    if !privileged() {
+        return;
+    }
+    let load = sim_dir().join("fgpu-sim-load");
+    let work = ["launch-for", "3000", "sleep_1000us"];
+
+    // With the agent: the cap goes into the run's cgroup, the controller holds it.
+    let agent = Agent::start();
+    let state = SimState::new();
+    let sock = agent.socket.to_str().unwrap().to_string();
+    let name = unique("e2e-run-cap");
+    let out = fgpu_run(&sock, &state, &name, &["--compute-cap", "30", "--"])
+        .arg(&load)
+        .args(work)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(!stderr.contains("falling back"), "{stderr}");
+    let share = launch_for_share(&stdout);
+    println!("fgpu run --compute-cap 30 with the agent: {share:.1}%");
+    assert!(
+        (25.0..=33.0).contains(&share),
+        "{share:.1}%: {stdout}{stderr}"
+    );
+
+    // Without: a share becomes a ceiling in the shim, said so.
+    let state = SimState::new();
+    let name = unique("e2e-run-share");
+    let out = fgpu_run(
+        "/nonexistent/fgpu.sock",
+        &state,
+        &name,
+        &["--compute", "40", "--"],
+    )
+    .arg(&load)
+    .args(work)
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stderr.contains("compute 40% (as a ceiling)"), "{stderr}");
+    let share = launch_for_share(&stdout);
+    println!("fgpu run --compute 40 without an agent: {share:.1}%");
+    assert!(
+        (35.0..=43.0).contains(&share),
+        "{share:.1}%: {stdout}{stderr}"
+    );
+}

@@ -818,6 +818,13 @@ fn settle_oldest(s: &Slot, inner: &mut Inner, d: &Dev, m: u8, done: bool) {
         report_measured(d, m, ns);
         STATS.measured_ns.fetch_add(ns as u64, Relaxed);
     }
+    pop_oldest(inner);
+}
+
+/// Removes the oldest closed batch from the ring (and from the ledger's queued work).
+fn pop_oldest(inner: &mut Inner) {
+    let p = inner.head;
+    let b = inner.ring[p];
     if b.counted != 0
         && let Some(c) = ledger_compute(b.counted - 1)
     {
@@ -1045,17 +1052,7 @@ fn forget_outstanding() {
         };
         let inner = g.inner();
         while inner.out > 0 {
-            let p = inner.head;
-            let b = inner.ring[p];
-            if b.counted != 0
-                && let Some(c) = ledger_compute(b.counted - 1)
-            {
-                c.inflight.fetch_sub(1, Relaxed);
-                c.queued_ns.fetch_sub(b.est, Relaxed);
-            }
-            inner.ring[p] = NO_BATCH;
-            inner.head = (p + 1) % RING;
-            inner.out -= 1;
+            pop_oldest(inner);
         }
     }
 }

@@ -124,6 +124,28 @@ fn status_compute(status: &str, cgroup: &str) -> (Option<u64>, Option<f64>) {
     )
 }
 
+/// `fgpu limit set CGROUP OPTIONS` from a thread, `ms` after now; joins to its success.
+fn set_later(
+    w: &AgentWorld,
+    cgroup: String,
+    ms: u64,
+    options: &[&str],
+) -> std::thread::JoinHandle<bool> {
+    let (fgpu, socket) = w.fgpu_and_socket();
+    let options: Vec<String> = options.iter().map(|o| o.to_string()).collect();
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        std::process::Command::new(fgpu)
+            .args(["limit", "set", &cgroup])
+            .args(&options)
+            .arg("--socket")
+            .arg(socket)
+            .status()
+            .expect("fgpu limit set")
+            .success()
+    })
+}
+
 const KERNELS_10S: [&str; 3] = ["launch-for", "10000", "sleep_1000us"];
 
 /// Two tenants at 30 / 70 for 10 s, one replaying CUDA graphs (so graph launches are what
@@ -279,18 +301,7 @@ fn privileged_a_changed_cap_reaches_a_running_process() {
         ],
     )];
     let cg = ts[0].cg.path.clone();
-    let setter = {
-        let (fgpu, socket) = w.fgpu_and_socket();
-        std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(2300));
-            std::process::Command::new(fgpu)
-                .args(["limit", "set", &cg, "--compute-cap", "60", "--socket"])
-                .arg(socket)
-                .status()
-                .expect("fgpu limit set")
-                .success()
-        })
-    };
+    let setter = set_later(&w, cg, 2300, &["--compute-cap", "60"]);
     let (results, _) = run_together(&w, &agent, &mut ts, 100);
     assert!(setter.join().unwrap(), "fgpu limit set failed");
     let (before, after) = (share(&results[0][0]), share(&results[0][1]));
@@ -323,18 +334,7 @@ fn privileged_a_cap_set_later_reaches_an_ungated_running_process() {
         ],
     )];
     let cg = ts[0].cg.path.clone();
-    let setter = {
-        let (fgpu, socket) = w.fgpu_and_socket();
-        std::thread::spawn(move || {
-            std::thread::sleep(std::time::Duration::from_millis(1200));
-            std::process::Command::new(fgpu)
-                .args(["limit", "set", &cg, "--compute-cap", "30", "--socket"])
-                .arg(socket)
-                .status()
-                .expect("fgpu limit set")
-                .success()
-        })
-    };
+    let setter = set_later(&w, cg, 1200, &["--compute-cap", "30"]);
     let (results, _) = run_together(&w, &agent, &mut ts, 100);
     assert!(setter.join().unwrap(), "fgpu limit set failed");
     let (before, after) = (share(&results[0][0]), share(&results[0][1]));

@@ -558,6 +558,26 @@ impl Driver {
         );
     }
 
+    /// Captures `n` launches of `func` on a new stream into a graph and instantiates it.
+    fn capture(
+        &self,
+        func: usize,
+        n: u64,
+        stream: &mut usize,
+        graph: &mut usize,
+        exec: &mut usize,
+    ) -> i32 {
+        let a = &self.api;
+        // SAFETY: documented signatures; out-pointers to the caller's locals.
+        unsafe {
+            step!((a.stream_create)(stream, 1));
+            step!((a.stream_begin_capture)(*stream, 0));
+            step!(self.launch_n(func, n, *stream));
+            step!((a.stream_end_capture)(*stream, graph));
+            (a.graph_instantiate)(exec, *graph, 0)
+        }
+    }
+
     /// Launches `kernel` for `ms` of wall time, 10 at a time and synchronising after each 10
     /// (a bounded queue, like a training loop), then reports how many ran.
     fn launch_for(&mut self, ms: u64, kernel: &str) {
@@ -598,11 +618,7 @@ impl Driver {
                 let a = &self.api;
                 // SAFETY: documented signatures; pointers to valid locals (all calls).
                 (|| unsafe {
-                    step!((a.stream_create)(&mut stream, 1));
-                    step!((a.stream_begin_capture)(stream, 0));
-                    step!(self.launch_n(func, n, stream));
-                    step!((a.stream_end_capture)(stream, &mut graph));
-                    step!((a.graph_instantiate)(&mut exec, graph, 0));
+                    step!(self.capture(func, n, &mut stream, &mut graph, &mut exec));
                     loop {
                         step!((a.graph_launch)(exec, stream));
                         step!((a.graph_launch)(exec, stream));
@@ -632,11 +648,7 @@ impl Driver {
                 let a = &self.api;
                 // SAFETY: documented signatures; pointers to valid locals (all calls).
                 (|| unsafe {
-                    step!((a.stream_create)(&mut stream, 1));
-                    step!((a.stream_begin_capture)(stream, 0));
-                    step!(self.launch_n(func, n, stream));
-                    step!((a.stream_end_capture)(stream, &mut graph));
-                    step!((a.graph_instantiate)(&mut exec, graph, 0));
+                    step!(self.capture(func, n, &mut stream, &mut graph, &mut exec));
                     for _ in 0..replays {
                         step!((a.graph_launch)(exec, stream));
                     }

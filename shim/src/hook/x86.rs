@@ -91,6 +91,16 @@ fn modrm(code: &[u8], at: usize) -> Result<(usize, Option<usize>, u8), Refused> 
     Ok((n, rip, reg))
 }
 
+/// An instruction whose ModRM byte is at `i`, with `imm` immediate bytes after its operand.
+fn modrm_insn(code: &[u8], i: usize, imm: usize) -> Result<Insn, Refused> {
+    let (n, rip, _) = modrm(code, i)?;
+    Ok(Insn {
+        len: i + n + imm,
+        fix: rip.map_or(Fix::None, |r| Fix::Rel32(i + r, false)),
+        terminal: false,
+    })
+}
+
 /// Decodes the instruction at `code[0..]`.
 fn decode(code: &[u8]) -> Result<Insn, Refused> {
     let mut i = 0;
@@ -119,15 +129,7 @@ fn decode(code: &[u8]) -> Result<Insn, Refused> {
             terminal: false,
         })
     };
-    // ModRM instruction with `imm` immediate bytes after it.
-    let with_modrm = |i: usize, imm: usize| -> Result<Insn, Refused> {
-        let (n, rip, _) = modrm(code, i)?;
-        Ok(Insn {
-            len: i + n + imm,
-            fix: rip.map_or(Fix::None, |r| Fix::Rel32(i + r, false)),
-            terminal: false,
-        })
-    };
+    let with_modrm = |i: usize, imm: usize| modrm_insn(code, i, imm);
     match op {
         0x0f => decode_0f(code, i),
         0xcc => Err(Refused::Breakpoint(at)),
@@ -189,14 +191,7 @@ fn decode(code: &[u8]) -> Result<Insn, Refused> {
 fn decode_0f(code: &[u8], i: usize) -> Result<Insn, Refused> {
     let op = byte(code, i)?;
     let i = i + 1;
-    let with_modrm = |imm: usize| -> Result<Insn, Refused> {
-        let (n, rip, _) = modrm(code, i)?;
-        Ok(Insn {
-            len: i + n + imm,
-            fix: rip.map_or(Fix::None, |r| Fix::Rel32(i + r, false)),
-            terminal: false,
-        })
-    };
+    let with_modrm = |imm: usize| modrm_insn(code, i, imm);
     match op {
         // endbr64 (f3 0f 1e fa) and hint nops; SSE moves; cmov; setcc; imul; movzx/movsx;
         // SSE arithmetic and integer moves.
