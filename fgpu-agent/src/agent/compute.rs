@@ -180,15 +180,18 @@ fn wake(c: &DeviceCompute) {
     };
 }
 
+/// A tenant: (cgroup id, ledger device record).
+type TenantId = (u64, usize);
+
 /// The controller's state across ticks.
 #[derive(Default)]
 pub struct Controller {
-    tenants: HashMap<(String, usize), Tenant>,
+    tenants: HashMap<TenantId, Tenant>,
     /// Per device key: the tenant holding the turn.
-    holders: HashMap<u64, (String, usize)>,
+    holders: HashMap<u64, TenantId>,
     /// Per device key: a turn just ended; the next waits until that tenant's work has
     /// drained (its shims saw every batch complete) or this deadline passes.
-    draining: HashMap<u64, ((String, usize), u64)>,
+    draining: HashMap<u64, (TenantId, u64)>,
     last_tick: u64,
     last_sample: u64,
     last_log: u64,
@@ -251,8 +254,12 @@ impl Controller {
                 if device == 0 || !(gated(share) || gated(cap)) {
                     continue;
                 }
-                let id = (l.cgroup.clone(), idx);
-                let min_vtime = self.min_vtime(device);
+                let id = (l.cgroup_id, idx);
+                let min_vtime = if self.tenants.contains_key(&id) {
+                    0.0
+                } else {
+                    self.min_vtime(device)
+                };
                 let t = self.tenants.entry(id).or_insert_with(|| {
                     let gpu = ledger.usage.compute[idx].gpu_ns.load(SeqCst);
                     Tenant {
@@ -278,11 +285,11 @@ impl Controller {
                 (t.share, t.cap, t.seen) = (share, cap, true);
             }
         }
-        let gone: Vec<(String, usize)> = self
+        let gone: Vec<TenantId> = self
             .tenants
             .iter()
             .filter(|(_, t)| !t.seen)
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| *k)
             .collect();
         for k in gone {
             if let Some(t) = self.tenants.remove(&k) {
@@ -308,11 +315,11 @@ impl Controller {
 
     /// Decides the turn on one device.
     fn schedule(&mut self, device: u64, now: u64) {
-        let ids: Vec<(String, usize)> = self
+        let ids: Vec<TenantId> = self
             .tenants
             .iter()
             .filter(|(_, t)| t.device == device)
-            .map(|(k, _)| k.clone())
+            .map(|(k, _)| *k)
             .collect();
         // No banking: an idle tenant's virtual time keeps up with the active ones'.
         let active_min = ids
@@ -330,7 +337,7 @@ impl Controller {
             }
         }
         let mut holder = self.holders.get(&device).cloned();
-        if let Some(h) = holder.clone() {
+        if let Some(h) = holder {
             let t = &self.tenants[&h];
             let others_wait = ids
                 .iter()
@@ -345,7 +352,7 @@ impl Controller {
                 // time is then each tenant's own.
                 let queued = t.compute().queued_ns.load(SeqCst).max(0) as u64;
                 let wait = (2 * queued + 2_000_000).min(MAX_DRAIN_NS);
-                self.draining.insert(device, (h.clone(), now + wait));
+                self.draining.insert(device, (h, now + wait));
             } else if spent && t.waiting() {
                 // Alone (or everybody else is capped out): the turn goes on.
                 grant(t);
@@ -370,7 +377,7 @@ impl Controller {
                 let t = self.tenants.get_mut(&n).expect("tenant");
                 t.quiet = 0;
                 grant(t);
-                self.holders.insert(device, n.clone());
+                self.holders.insert(device, n);
                 holder = Some(n);
             }
         }
@@ -392,7 +399,8 @@ impl Controller {
         if log_now {
             self.last_log = now;
         }
-        for ((cgroup, idx), t) in self.tenants.iter_mut() {
+        for (&(_, idx), t) in self.tenants.iter_mut() {
+            let cgroup = &t.ledger.cgroup;
             t.history.push_back((now, t.last_gpu));
             while t
                 .history
