@@ -60,7 +60,7 @@ const MIN_SLEEP_NS: u64 = 50_000;
 const LEDGER_POLL_NS: u64 = 1_000_000;
 /// ...while some of this process's batches are still running (their completion is what
 /// the controller waits for).
-const DRAIN_POLL_NS: u64 = 200_000;
+const DRAIN_POLL_NS: u64 = 100_000;
 /// A controller whose heartbeat stands still this long is considered gone: the device falls
 /// back to a local bucket at the ledger's rate until the ledger changes.
 const LEDGER_STALE_NS: u64 = 1_000_000_000;

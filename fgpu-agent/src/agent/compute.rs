@@ -30,6 +30,8 @@ use fgpu_common::ledger::{DeviceCompute, MAX_DEVICES};
 use super::ledgers::{CgroupLedger, Ledgers};
 
 pub const TICK: Duration = Duration::from_micros(500);
+/// The tick while no device is gated (an idle node costs 20 wake-ups a second).
+pub const IDLE_TICK: Duration = Duration::from_millis(50);
 /// A round of turns: a tenant's quantum is its weight's share of this.
 pub const ROUND_NS: i64 = 100_000_000;
 /// How long the next turn waits at most for the previous holder's queued work to drain.
@@ -441,12 +443,17 @@ fn grant(t: &Tenant) {
     wake(t.compute());
 }
 
-/// Runs the controller until the process exits (its own thread: a tick every millisecond).
+/// Runs the controller until the process exits (its own thread: a tick every [`TICK`] while
+/// some device is gated, every [`IDLE_TICK`] otherwise).
 pub fn run(ledgers: &Ledgers, status: &ComputeStatus) {
     let mut c = Controller::default();
     loop {
         let all = ledgers.all();
         c.tick(&all, status);
-        std::thread::sleep(TICK);
+        std::thread::sleep(if c.tenants.is_empty() {
+            IDLE_TICK
+        } else {
+            TICK
+        });
     }
 }
