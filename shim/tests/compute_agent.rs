@@ -340,7 +340,9 @@ fn privileged_a_cap_set_later_reaches_an_ungated_running_process() {
     let (before, after) = (share(&results[0][0]), share(&results[0][1]));
     println!("no limit, then a 30% cap set while running: {before:.1}% then {after:.1}%");
     let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
-    assert!(before >= 90.0, "{ctx}");
+    // Ungated: the whole device, less the host's own gaps (which grow on a loaded CI
+    // machine); anything near the cap would mean it was gated from the start.
+    assert!(before >= 70.0, "{ctx}");
     // 0.2 s at 100 %, then 2.8 s at 30 %: about 35 %.
     assert!((28.0..=42.0).contains(&after), "{ctx}");
 }
