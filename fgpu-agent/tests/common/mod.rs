@@ -5,6 +5,7 @@
 //! `FGPU_SKIP_PRIVILEGED=1` asks to skip them (what `cargo xtask test --unprivileged` does).
 #![allow(dead_code)]
 
+use fgpu_testkit::agent::{AgentPaths, SimAgent};
 #[allow(unused_imports)] // each test binary uses its own part of the harness
 pub use fgpu_testkit::{Cgroup, cgroup2_mount, mono_ns, privileged, unique};
 
@@ -29,13 +30,11 @@ pub fn sim_dir() -> PathBuf {
 
 /// A running `fgpu agent --sim`, stopped on drop.
 pub struct Agent {
-    child: Child,
+    process: SimAgent,
     pub socket: PathBuf,
-    pub log: PathBuf,
     pub state_dir: PathBuf,
     /// The agent's pinned kernel state (bpffs); removed on drop unless the agent "crashed".
     pub bpf_dir: PathBuf,
-    keep_pins: bool,
 }
 
 impl Agent {
@@ -71,47 +70,27 @@ impl Agent {
                 .replace('.', "-")
         ));
         let log = std::env::temp_dir().join(format!("{name}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
-            .args(["agent", "--sim", "--log", "info", "--socket"])
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(state_dir)
-            .arg("--bpf-dir")
-            .arg(&bpf_dir)
-            .args(extra)
-            .env("FGPU_SIM_DIR", sim_dir())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("starting fgpu agent");
-        let mut agent = Self {
-            child,
+        let process = SimAgent::start(
+            &AgentPaths {
+                fgpu: Path::new(env!("CARGO_BIN_EXE_fgpu")),
+                sim_dir: &sim_dir(),
+                socket: &socket,
+                state_dir,
+                bpf_dir: &bpf_dir,
+                log: &log,
+            },
+            extra,
+        );
+        Self {
+            process,
             socket,
-            log,
             state_dir: state_dir.to_path_buf(),
             bpf_dir,
-            keep_pins: false,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&agent.socket).is_err() {
-            if let Ok(Some(status)) = agent.child.try_wait() {
-                panic!(
-                    "the agent exited ({status}) before serving:\n{}",
-                    agent.log_text()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not start:\n{}",
-                agent.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
         }
-        agent
     }
 
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log_text()
     }
 
     /// Runs `fgpu ARGS... --socket <this agent>`.
@@ -200,24 +179,8 @@ impl Agent {
 
 impl Agent {
     /// SIGKILLs the agent, as a crash would: its pinned kernel state stays.
-    pub fn crash(mut self) {
-        // SAFETY: kill on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
-        let _ = self.child.wait();
-        self.keep_pins = true;
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // SAFETY: kill on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-        if !self.keep_pins {
-            // Unpinning detaches the probes this agent left attached.
-            let _ = std::fs::remove_dir_all(&self.bpf_dir);
-        }
+    pub fn crash(self) {
+        self.process.crash();
     }
 }
 

@@ -6,6 +6,7 @@
 //! `FGPU_SKIP_PRIVILEGED=1` asks to skip them.
 
 use super::{NO_AGENT, target_dir};
+use fgpu_testkit::agent::{AgentPaths, SimAgent};
 #[allow(unused_imports)] // each test binary uses its own part of the harness
 pub use fgpu_testkit::{Cgroup, mono_ns, privileged, unique};
 use std::io::{BufRead, BufReader, Write};
@@ -71,41 +72,17 @@ impl AgentWorld {
         let log = self
             .state_dir
             .with_file_name(format!("agent-{}.log", unique("log")));
-        let child = Command::new(&self.fgpu)
-            .args(["agent", "--sim", "--log", "info", "--socket"])
-            .arg(&self.socket)
-            .arg("--state-dir")
-            .arg(&self.state_dir)
-            .arg("--bpf-dir")
-            .arg(&self.bpf_dir)
-            .env("FGPU_SIM_DIR", &self.sim_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("starting fgpu agent");
-        let mut agent = Agent {
-            child,
-            log,
-            bpf_dir: self.bpf_dir.clone(),
-            keep_pins: false,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
-            if let Ok(Some(status)) = agent.child.try_wait() {
-                panic!(
-                    "the agent exited ({status}) before serving:\n{}",
-                    agent.log_text()
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the agent did not start:\n{}",
-                agent.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        agent
+        SimAgent::start(
+            &AgentPaths {
+                fgpu: &self.fgpu,
+                sim_dir: &self.sim_dir,
+                socket: &self.socket,
+                state_dir: &self.state_dir,
+                bpf_dir: &self.bpf_dir,
+                log: &log,
+            },
+            &[],
+        )
     }
 
     /// `fgpu limit set CGROUP --memory SIZE`; panics if refused.
@@ -210,37 +187,8 @@ impl Drop for AgentWorld {
     }
 }
 
-/// A running agent; SIGTERMed on drop.
-pub struct Agent {
-    child: Child,
-    pub log: PathBuf,
-    bpf_dir: PathBuf,
-    keep_pins: bool,
-}
-
-impl Agent {
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGKILLs the agent, as a crash would (its pinned kernel state stays for the next).
-    pub fn crash(mut self) {
-        self.keep_pins = true;
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // SAFETY: kill on our own child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-        if !self.keep_pins {
-            let _ = std::fs::remove_dir_all(&self.bpf_dir);
-        }
-    }
-}
+/// A running agent; SIGTERMed on drop (`crash` SIGKILLs it and keeps its pinned state).
+pub type Agent = SimAgent;
 
 /// A process started by [`AgentWorld::load`] or [`AgentWorld::client`]: stdout read line by
 /// line, stderr collected in the background.
