@@ -310,18 +310,6 @@ fn report_measured(d: &Dev, m: u8, ns: i64) {
     }
 }
 
-/// Whether a launch on device `d` would be admitted now (no waiting).
-fn has_budget(d: &Dev, m: u8, now: u64) -> bool {
-    if m & M_LOCAL != 0 {
-        refill(d, now);
-        if d.tokens.load(Relaxed) < 0 {
-            return false;
-        }
-    }
-    !(m & M_LEDGER != 0
-        && ledger_budget(d.ledger_idx.load(Relaxed)).is_some_and(|b| b.load(Relaxed) < 0))
-}
-
 /// Settles the completed batches of every stream whose bookkeeping is free right now.
 /// Returns whether some batch is still outstanding.
 fn settle_all() -> bool {
@@ -354,9 +342,11 @@ impl Drop for Waiting {
     }
 }
 
-/// Waits until device `d` has budget. False (at once, not charged) if `stream` turned out to
-/// be capturing: nothing runs now, so nothing waits.
-fn admit(d: &Dev, mut m: u8, stream: usize) -> bool {
+/// Waits until device `d` has budget, calling `before_wait` once before the first sleep.
+/// False (at once, not charged) if `stream` turned out to be capturing: nothing runs now,
+/// so nothing waits.
+fn admit(d: &Dev, mut m: u8, stream: usize, before_wait: impl FnOnce()) -> bool {
+    let mut before_wait = Some(before_wait);
     let mut checked = false;
     let mut started = 0u64;
     let mut beat_seen = u64::MAX;
@@ -416,6 +406,9 @@ fn admit(d: &Dev, mut m: u8, stream: usize) -> bool {
                 return false;
             }
             started = now;
+            if let Some(f) = before_wait.take() {
+                f();
+            }
         }
         match grant {
             Some((c, g)) => futex_wait(&c.grant, g, sleep.min(LEDGER_POLL_NS)),
@@ -1096,15 +1089,25 @@ pub fn launch(kind: Kind, stream: Handle, ptsz: bool, call: impl FnOnce() -> CUr
         return call();
     }
     STATS.gated_launches.fetch_add(1, Relaxed);
-    // Close the open batch before the GPU may idle inside it — a wait for budget, or a
-    // pause in this stream's launches — so that its events never count idle time.
-    if (now.saturating_sub(prev) > GAP_NS || !has_budget(d, m, now))
-        && let Some(g) = s.try_own()
-        && s.key.load(Acquire) == key
-    {
-        close_batch(s, g.inner(), d, m);
+    // Close the open batch before the GPU may idle inside it — a pause in this stream's
+    // launches, or (just before the first sleep) a wait for budget — so that its events
+    // never count idle time.
+    let close_open = || {
+        if let Some(g) = s.try_own()
+            && s.key.load(Acquire) == key
+        {
+            close_batch(s, g.inner(), d, m);
+        }
+    };
+    let paused = now.saturating_sub(prev) > GAP_NS;
+    if paused {
+        close_open();
     }
-    if !admit(d, m, rec) {
+    if !admit(d, m, rec, || {
+        if !paused {
+            close_open();
+        }
+    }) {
         return call(); // capturing: recorded into a graph, charged when the graph runs
     }
     // Admission may have switched the device to its local fallback.
