@@ -34,6 +34,14 @@ pub struct CgroupStatus {
     /// compute is not gated.
     #[serde(default)]
     pub compute_used_pct: Option<f64>,
+    /// Device time the cgroup held in turns over the last 5 s, percent of wall time: what a
+    /// compute share is a share of (docs/compute.md). `null` when not gated.
+    #[serde(default)]
+    pub compute_turn_pct: Option<f64>,
+    /// The cgroup runs beside the turn holder (latency-bound and under its share) on some
+    /// device.
+    #[serde(default)]
+    pub compute_corun: bool,
     /// Cross-check: NVML's per-process SM utilisation of the cgroup's processes over the last
     /// few seconds, percent (summed over processes and devices; `null` where NVML has no
     /// samples, e.g. the simulated driver).
@@ -56,6 +64,8 @@ impl CgroupStatus {
             compute_share_pct: None,
             compute_cap_pct: None,
             compute_used_pct: None,
+            compute_turn_pct: None,
+            compute_corun: false,
             compute_nvml_pct: None,
         }
     }

@@ -19,7 +19,7 @@
 use crate::config;
 use crate::ledger_file::{self, now_ms};
 use crate::log::{debug, error, info, warning};
-use fgpu_common::ledger::{LEDGER_SIZE, Ledger, PAGE};
+
 use fgpu_common::proto::{self, Kind, shim};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering::SeqCst};
 
@@ -399,92 +399,15 @@ pub fn same_file(a: i32, b: i32) -> bool {
     }
 }
 
-fn map_at(addr: usize, len: usize, prot: i32, fd: i32) -> bool {
-    // SAFETY: replacing pages of a region this module reserved (never memory of others).
-    let p = unsafe {
-        libc::mmap(
-            addr as *mut libc::c_void,
-            len,
-            prot,
-            libc::MAP_SHARED | libc::MAP_FIXED,
-            fd,
-            0,
-        )
-    };
-    p != libc::MAP_FAILED
-}
-
 /// Maps `limits` (read-only) and `usage` (read-write) contiguously as one ledger; returns its
-/// address after checking sizes, magic, version and layout.
+/// address after checking seals, sizes, magic, version and layout.
 pub fn map_ledger(limits: i32, usage: i32) -> Result<usize, String> {
-    let ls = stat(limits).map_or(-1, |s| s.st_size);
-    let us = stat(usage).map_or(-1, |s| s.st_size);
-    if ls != PAGE as i64 {
-        return Err(format!("limits memfd of {ls} bytes, expected {PAGE}"));
-    }
-    if us != (LEDGER_SIZE - PAGE) as i64 {
-        return Err(format!(
-            "usage memfd of {us} bytes, expected {}",
-            LEDGER_SIZE - PAGE
-        ));
-    }
-    // SAFETY: a fresh anonymous reservation (no access) of the ledger's size.
-    let base = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            LEDGER_SIZE,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if base == libc::MAP_FAILED {
-        return Err(format!(
-            "reserving the ledger's address range: {}",
-            os_err()
-        ));
-    }
-    let base = base as usize;
-    let unmap = || {
-        // SAFETY: unmapping the region reserved above.
-        unsafe { libc::munmap(base as *mut libc::c_void, LEDGER_SIZE) };
-    };
-    if !map_at(base, PAGE, libc::PROT_READ, limits) {
-        let e = os_err();
-        unmap();
-        return Err(format!("mapping the limits memfd: {e}"));
-    }
-    if !map_at(
-        base + PAGE,
-        LEDGER_SIZE - PAGE,
-        libc::PROT_READ | libc::PROT_WRITE,
-        usage,
-    ) {
-        let e = os_err();
-        unmap();
-        return Err(format!("mapping the usage memfd: {e}"));
-    }
-    // SAFETY: LEDGER_SIZE bytes mapped at base; Ledger is all atomics; only the limits page
-    // is read by validate.
-    if let Err(e) = unsafe { &*(base as *const Ledger) }.validate() {
-        unmap();
-        return Err(e.to_string());
-    }
-    Ok(base)
+    fgpu_ledger::map_shim(limits, usage).map_err(|e| e.to_string())
 }
 
 /// Replaces the limits page of the ledger at `base` with `limits` (validated first).
 fn replace_limits(base: usize, limits: i32, usage: i32) -> Result<(), String> {
-    // Validate the new page in a scratch mapping first: a page swap cannot be undone.
-    let scratch = map_ledger(limits, usage)?;
-    // SAFETY: unmapping our scratch mapping.
-    unsafe { libc::munmap(scratch as *mut libc::c_void, LEDGER_SIZE) };
-    if map_at(base, PAGE, libc::PROT_READ, limits) {
-        Ok(())
-    } else {
-        Err(format!("remapping the limits page: {}", os_err()))
-    }
+    fgpu_ledger::remap_limits(base, limits, usage).map_err(|e| e.to_string())
 }
 
 /// First contact (from [`crate::ledger_file`]): the agent's ledger, mapped, and our own open
@@ -522,8 +445,7 @@ fn adopt_first(reply: Reply) -> Result<(usize, i32, String), HelloError> {
     // agent and every other shim of the cgroup, and slot locks belong to descriptions.
     let own = ledger_file::reopen_own(reply.usage.0);
     if own < 0 {
-        // SAFETY: undoing our mapping.
-        unsafe { libc::munmap(base as *mut libc::c_void, LEDGER_SIZE) };
+        fgpu_ledger::unmap_shim(base);
         return Err(HelloError::Bad(format!(
             "cannot reopen the usage memfd through /proc/self/fd ({}): is /proc mounted?",
             os_err()
@@ -670,13 +592,11 @@ fn reconnect() {
                     true
                 } else {
                     // Nothing refers to the new ledger (migrate published nothing).
-                    // SAFETY: closing the description we opened and unmapping our mapping.
-                    unsafe {
-                        if own >= 0 {
-                            libc::close(own);
-                        }
-                        libc::munmap(new_base as *mut libc::c_void, LEDGER_SIZE);
+                    if own >= 0 {
+                        // SAFETY: closing the description we opened.
+                        unsafe { libc::close(own) };
                     }
+                    fgpu_ledger::unmap_shim(new_base);
                     false
                 }
             }

@@ -33,7 +33,7 @@
 use crate::agent_link::{self, HelloError};
 use crate::config;
 use crate::log::{debug, error, info, warning};
-use fgpu_common::ledger::{LEDGER_SIZE, LOCK_BASE, Ledger, MAX_DEVICES, MAX_SLOTS};
+use fgpu_common::ledger::{LEDGER_SIZE, Ledger, MAX_DEVICES, MAX_SLOTS};
 use std::ffi::CString;
 use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
@@ -135,17 +135,6 @@ fn install(map: usize, fd: i32) -> bool {
     let v = Box::leak(Box::new(View { map, slot, fd }));
     CUR.store(v, SeqCst);
     true
-}
-
-fn lock(fd: i32, slot: usize, kind: i32) -> bool {
-    // SAFETY: flock is plain data; all-zero is valid (and l_pid must be 0 for OFD locks).
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind as i16;
-    fl.l_whence = libc::SEEK_SET as i16;
-    fl.l_start = LOCK_BASE + slot as i64;
-    fl.l_len = 1;
-    // SAFETY: fcntl on our descriptor with a valid flock.
-    unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl) == 0 }
 }
 
 fn map(fd: i32) -> Option<usize> {
@@ -349,17 +338,16 @@ fn open_standalone() -> u8 {
 fn claim(l: &Ledger, fd: i32) -> Option<usize> {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
-    let start = pid as usize % MAX_SLOTS;
-    for k in 0..MAX_SLOTS {
-        let i = (start + k) % MAX_SLOTS;
-        if lock(fd, i, libc::F_WRLCK) {
-            let reclaimed = l.claim(i, pid);
-            debug!("pid {pid} claimed ledger slot {i} (reclaimed {reclaimed} bytes)");
-            return Some(i);
+    match fgpu_ledger::claim_slot(l, fd, pid) {
+        Some((slot, reclaimed)) => {
+            debug!("pid {pid} claimed ledger slot {slot} (reclaimed {reclaimed} bytes)");
+            Some(slot)
+        }
+        None => {
+            error!("all {MAX_SLOTS} ledger slots are taken: memory limits are not enforced here");
+            None
         }
     }
-    error!("all {MAX_SLOTS} ledger slots are taken: memory limits are not enforced here");
-    None
 }
 
 fn reopen_in_child() -> bool {
@@ -465,7 +453,7 @@ pub fn migrate(map: usize, fd: i32) -> bool {
     }
     // The old slot is empty: let it go (the descriptor stays open: a concurrent sweep may
     // still be using it).
-    lock(old_view.fd, old_view.slot, libc::F_UNLCK);
+    fgpu_ledger::unlock_slot(old_view.fd, old_view.slot);
     info!("moved {total} bytes of this process's charges to the fgpu agent's ledger (slot {slot})");
     true
 }
@@ -476,19 +464,10 @@ pub fn sweep() -> u64 {
         return 0;
     };
     let l = v.ledger();
-    let mut total = 0u64;
-    for i in (0..MAX_SLOTS).filter(|&i| i != v.slot && l.slot_in_use(i)) {
-        if lock(v.fd, i, libc::F_WRLCK) {
-            let n = l.reclaim(i);
-            lock(v.fd, i, libc::F_UNLCK);
-            if n != 0 {
-                let pid = l.slots[i].pid.load(SeqCst);
-                info!("took back {n} bytes from exited process {pid} (ledger slot {i})");
-                total = total.saturating_add(n);
-            }
-        }
-    }
-    total
+    fgpu_ledger::reclaim_dead(l, v.fd, Some(v.slot), |slot, n| {
+        let pid = l.slots[slot].pid.load(SeqCst);
+        info!("took back {n} bytes from exited process {pid} (ledger slot {slot})");
+    })
 }
 
 /// Monotonic milliseconds (coarse clock: a few ns to read).

@@ -357,14 +357,16 @@ fn map_ledger(path: &str) -> &'static fgpu_common::ledger::Ledger {
 }
 
 /// The agent-driven mode's consuming side: with `compute_cap` set in the ledger the shim
-/// spends the ledger's `launch_budget` (one atomic per batch), which this test refills like a
-/// controller that gives the container the device alone (every 10 ms: + cap × 10 ms, at most
-/// cap × 100 ms), bumping the heartbeat. When the heartbeat stops, the shim falls back to a
-/// local cap at the ledger's rate after 1 s.
+/// waits while the container's turn (in the limits page) is closed, stamps its slot while it
+/// waits and reports measured GPU time. This test plays a controller that keeps a 30% bucket
+/// of measured GPU time (refilled at 30% of wall time, at most 30 ms): the turn is open while
+/// the bucket is positive, with a 1 ms queue bound, and the heartbeat moves every tick. When
+/// the heartbeat stops, the shim falls back to a local cap at the ledger's rate after 1 s.
 #[test]
-fn a_ledger_cap_is_enforced_through_the_agents_budget() {
+fn a_ledger_cap_is_enforced_through_the_agents_turns() {
+    use fgpu_common::ledger::compute::{TURN_CLOSED, TURN_OPEN};
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
     let w = World::new("ledger30");
     let env = [("FGPU_MEMORY_LIMIT", "8GiB"), ("FGPU_LOG", "info")];
     // A first process creates the ledger and binds the device record.
@@ -377,26 +379,35 @@ fn a_ledger_cap_is_enforced_through_the_agents_budget() {
     assert!(!bound.is_empty(), "no device record bound\n{o}");
     for &i in &bound {
         l.limits.devices[i].compute_cap.store(30, Relaxed);
+        l.turn(i).queue_ns.store(1_000_000, Relaxed);
     }
     l.limits.generation.fetch_add(1, Relaxed);
     let stop = Arc::new(AtomicBool::new(false));
+    let waits_seen = Arc::new(AtomicU64::new(0));
     let agent = {
         let stop = Arc::clone(&stop);
+        let waits_seen = Arc::clone(&waits_seen);
         let bound = bound.clone();
         std::thread::spawn(move || {
-            const PERIOD_NS: i64 = 10_000_000;
-            let (quota, burst) = (PERIOD_NS * 30 / 100, 100_000_000 * 30 / 100);
+            const PERIOD_NS: i64 = 500_000;
+            let burst = 100_000_000 * 30 / 100;
+            let mut tokens = 0i64;
+            let mut last_gpu = [0u64; fgpu_common::ledger::MAX_DEVICES];
+            let mut last = std::time::Instant::now();
             while !stop.load(Relaxed) {
+                let dt = last.elapsed().as_nanos() as i64;
+                last = std::time::Instant::now();
                 for &i in &bound {
-                    l.usage.compute[i].heartbeat.fetch_add(1, Relaxed);
-                    let b = &l.usage.devices[i].launch_budget;
-                    let _ = b.fetch_update(Relaxed, Relaxed, |v| {
-                        Some(if v >= burst {
-                            v
-                        } else {
-                            (v + quota).min(burst)
-                        })
-                    });
+                    let beat = l.turn(i).heartbeat.fetch_add(1, Relaxed) + 1;
+                    let gpu = l.usage.compute[i].gpu_ns.load(Relaxed);
+                    tokens = (tokens + dt * 30 / 100).min(burst)
+                        - gpu.saturating_sub(last_gpu[i]) as i64;
+                    last_gpu[i] = gpu;
+                    if l.activity(i, beat, 40).waiting > 0 {
+                        waits_seen.fetch_add(1, Relaxed);
+                    }
+                    l.turn(i)
+                        .set(if tokens > 0 { TURN_OPEN } else { TURN_CLOSED });
                 }
                 std::thread::sleep(std::time::Duration::from_nanos(PERIOD_NS as u64));
             }
@@ -409,12 +420,19 @@ fn a_ledger_cap_is_enforced_through_the_agents_budget() {
     let wall = launch_sync_ms(&o);
     let share = 100.0 * 600.0 / wall;
     println!(
-        "ledger cap 30% (budget refilled by a fake agent): 60 x 10 ms in {wall:.0} ms: {share:.1}%"
+        "ledger cap 30% (turns from a fake controller): 60 x 10 ms in {wall:.0} ms: {share:.1}%"
     );
     assert!((27.0..=33.0).contains(&share), "share {share:.1}%\n{o}");
-    // The controller stops (no heartbeat, no refills): the shim notices within a second and
-    // caps locally.
-    l.usage.devices[bound[0]].launch_budget.store(-1, Relaxed);
+    assert!(
+        waits_seen.load(Relaxed) > 100,
+        "the waiting process must stamp its slot while its turn is closed ({} ticks saw it)",
+        waits_seen.load(Relaxed)
+    );
+    // The waiter is gone: its stamp is cleared (nobody waits) at exit.
+    assert_eq!(l.activity(bound[0], u64::MAX / 2, u64::MAX).waiting, 0);
+    // The controller stops (no heartbeat, the turn closed): the shim notices within a second
+    // and caps locally.
+    l.turn(bound[0]).set(TURN_CLOSED);
     let o = w.load(&env, &["launch", "60", "sleep_10000us", "sync"]);
     assert_eq!(o.code, Some(0), "{o}");
     let wall = launch_sync_ms(&o);

@@ -6,19 +6,16 @@
 //! read-write. See `fgpu_common::proto::shim` for the hand-over.
 
 use std::collections::HashMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Context, Result, bail};
-use fgpu_common::ledger::{
-    LEDGER_SIZE, LOCK_BASE, Ledger, MAX_DEVICES, MAX_SLOTS, NO_LIMIT, PAGE, uuid_key,
-};
+use anyhow::{Context, Result};
+use fgpu_common::ledger::compute::TURN_CLOSED;
+use fgpu_common::ledger::{Ledger, MAX_DEVICES, NO_LIMIT, uuid_key};
 
 use crate::api::Limit;
-
-const USAGE_SIZE: usize = LEDGER_SIZE - PAGE;
 
 /// One cgroup's ledger, mapped into the agent.
 pub struct CgroupLedger {
@@ -27,57 +24,39 @@ pub struct CgroupLedger {
     pub cgroup_id: u64,
     limits_fd: OwnedFd,
     usage_fd: OwnedFd,
-    base: *mut u8,
+    map: fgpu_ledger::Mapping,
 }
-
-// SAFETY: the mapping is shared memory accessed only through atomics (`Ledger` is made of
-// them); the pointer stays valid until drop.
-unsafe impl Send for CgroupLedger {}
-// SAFETY: as above.
-unsafe impl Sync for CgroupLedger {}
 
 impl CgroupLedger {
     /// A fresh ledger (no usage), or one around `usage` — the usage memfd a shim kept while
-    /// the agent was away — so that a restart loses no charge.
+    /// the agent was away — so that a restart loses no charge. An offered descriptor is
+    /// adopted only if it is a sealed usage memfd of the right size (fgpu_ledger::check_usage):
+    /// nothing a container hands over can be resized under the agent's mapping.
     fn new(cgroup: &str, cgroup_id: u64, usage: Option<OwnedFd>) -> Result<Self> {
-        let limits_fd = memfd(c"fgpu-limits", libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)?;
-        set_len(&limits_fd, PAGE)?;
+        let limits_fd = fgpu_ledger::create_limits()?;
         let usage_fd = match usage {
             Some(fd) => {
-                let len = file_len(&fd)?;
-                if len != USAGE_SIZE as u64 {
-                    bail!("the usage memfd handed over is {len} bytes, expected {USAGE_SIZE}");
-                }
+                fgpu_ledger::check_usage(fd.as_raw_fd())
+                    .context("refusing the usage memfd handed over")?;
                 fd
             }
-            None => {
-                let fd = memfd(c"fgpu-usage", libc::MFD_CLOEXEC)?;
-                set_len(&fd, USAGE_SIZE)?;
-                fd
-            }
+            None => fgpu_ledger::create_usage()?,
         };
-        let base = map_contiguous(&limits_fd, &usage_fd)?;
+        let map = fgpu_ledger::map_agent(limits_fd.as_raw_fd(), usage_fd.as_raw_fd())?;
         let ledger = Self {
             cgroup: cgroup.to_string(),
             cgroup_id,
             limits_fd,
             usage_fd,
-            base,
+            map,
         };
         ledger.ledger().init();
-        let seals =
-            libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_FUTURE_WRITE | libc::F_SEAL_SEAL;
-        // SAFETY: fcntl on a memfd we own.
-        if unsafe { libc::fcntl(ledger.limits_fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-            return Err(std::io::Error::last_os_error()).context("sealing the limits memfd");
-        }
+        fgpu_ledger::seal_limits(ledger.limits_fd.as_raw_fd())?;
         Ok(ledger)
     }
 
     pub fn ledger(&self) -> &Ledger {
-        // SAFETY: `base` maps LEDGER_SIZE bytes laid out as `Ledger` (page-aligned) for the
-        // life of self; all fields are atomics.
-        unsafe { &*self.base.cast::<Ledger>() }
+        self.map.ledger()
     }
 
     /// The descriptors to hand to a shim: [limits, usage].
@@ -105,11 +84,8 @@ impl CgroupLedger {
         // A gated device starts closed: the controller grants turns (docs/compute.md).
         let gated = |p: Option<u8>| p.is_some_and(|p| (1..100).contains(&p));
         if gated(limit.compute_pct) || gated(limit.compute_cap_pct) {
-            for d in &self.ledger().usage.devices {
-                let b = &d.launch_budget;
-                if b.load(std::sync::atomic::Ordering::SeqCst) >= 0 {
-                    b.store(-1, std::sync::atomic::Ordering::SeqCst);
-                }
+            for t in &l.turns {
+                t.set(TURN_CLOSED);
             }
         }
         l.generation
@@ -141,31 +117,11 @@ impl CgroupLedger {
         }
     }
 
-    /// Takes back the bytes of slots whose process died (no OFD lock on the slot's byte),
-    /// so a dead process's share returns even when no shim of the cgroup runs any more.
+    /// Takes back the bytes (and compute state) of slots whose process died (no OFD lock on
+    /// the slot's byte), so a dead process's share returns even when no shim of the cgroup
+    /// runs any more.
     pub fn reclaim_dead(&self) -> u64 {
-        let ledger = self.ledger();
-        let mut total = 0;
-        for slot in 0..MAX_SLOTS {
-            if !ledger.slot_in_use(slot) {
-                continue;
-            }
-            let start = LOCK_BASE + slot as i64;
-            // Taking the slot's lock ourselves proves its owner is gone, and keeps a new
-            // owner out while we reclaim.
-            if lock(&self.usage_fd, start, libc::F_WRLCK) {
-                total += ledger.reclaim(slot);
-                lock(&self.usage_fd, start, libc::F_UNLCK);
-            }
-        }
-        total
-    }
-}
-
-impl Drop for CgroupLedger {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the range mapped in `map_contiguous`.
-        unsafe { libc::munmap(self.base.cast(), LEDGER_SIZE) };
+        fgpu_ledger::reclaim_dead(self.ledger(), self.usage_fd.as_raw_fd(), None, |_, _| {})
     }
 }
 
@@ -262,7 +218,13 @@ fn usage_memfd_in(cgroup_dir: &Path) -> Option<OwnedFd> {
                     .open(e.path())
                     .ok()?;
                 let fd = OwnedFd::from(file);
-                (file_len(&fd).ok()? == USAGE_SIZE as u64).then_some(fd)
+                match fgpu_ledger::check_usage(fd.as_raw_fd()) {
+                    Ok(()) => Some(fd),
+                    Err(e) => {
+                        tracing::warn!(path = %fd_dir.display(), "not adopting a usage memfd: {e}");
+                        None
+                    }
+                }
             })
     })
 }
@@ -284,87 +246,12 @@ pub fn uuid_bytes(nvml_uuid: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
-fn memfd(name: &std::ffi::CStr, flags: libc::c_uint) -> Result<OwnedFd> {
-    // SAFETY: valid NUL-terminated name; the returned fd is owned by us.
-    let fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("memfd_create");
-    }
-    // SAFETY: fd was just returned by the kernel and is not owned elsewhere.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-fn set_len(fd: &OwnedFd, len: usize) -> Result<()> {
-    // SAFETY: ftruncate on our own memfd.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("sizing a ledger memfd");
-    }
-    Ok(())
-}
-
-fn file_len(fd: &OwnedFd) -> Result<u64> {
-    // SAFETY: zeroed stat is a valid out-parameter for fstat.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat on a descriptor we own, writing into `st`.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(std::io::Error::last_os_error()).context("fstat");
-    }
-    Ok(st.st_size as u64)
-}
-
-/// Maps limits at offset 0 and usage right after it, read-write, as one `Ledger`.
-fn map_contiguous(limits: &OwnedFd, usage: &OwnedFd) -> Result<*mut u8> {
-    // SAFETY: reserving address space (PROT_NONE, anonymous), then replacing its two parts
-    // with MAP_FIXED mappings of our memfds, inside the reservation only.
-    unsafe {
-        let base = libc::mmap(
-            std::ptr::null_mut(),
-            LEDGER_SIZE,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        if base == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error()).context("reserving ledger space");
-        }
-        let rw = libc::PROT_READ | libc::PROT_WRITE;
-        let flags = libc::MAP_SHARED | libc::MAP_FIXED;
-        let a = libc::mmap(base, PAGE, rw, flags, limits.as_raw_fd(), 0);
-        let b = libc::mmap(
-            base.cast::<u8>().add(PAGE).cast(),
-            USAGE_SIZE,
-            rw,
-            flags,
-            usage.as_raw_fd(),
-            0,
-        );
-        if a == libc::MAP_FAILED || b == libc::MAP_FAILED {
-            let err = std::io::Error::last_os_error();
-            libc::munmap(base, LEDGER_SIZE);
-            return Err(err).context("mapping a ledger");
-        }
-        Ok(base.cast())
-    }
-}
-
-/// Sets or clears an OFD lock on one byte; true on success.
-fn lock(fd: &OwnedFd, start: i64, kind: i32) -> bool {
-    // SAFETY: zeroed flock is valid; fields set below.
-    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-    fl.l_type = kind as _;
-    fl.l_whence = libc::SEEK_SET as _;
-    fl.l_start = start as _;
-    fl.l_len = 1;
-    // SAFETY: fcntl with a valid flock on our descriptor.
-    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_OFD_SETLK, &fl) == 0 }
-}
-
 const _: () = assert!(MAX_DEVICES == 16);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fgpu_common::ledger::PAGE;
 
     #[test]
     fn nvml_uuid_strings() {

@@ -56,9 +56,10 @@ impl State {
             let effective = limits.effective(&row.cgroup).0;
             row.compute_share_pct = effective.compute_pct;
             row.compute_cap_pct = effective.compute_cap_pct;
-            row.compute_used_pct = compute
-                .get(&row.cgroup)
-                .map(|f| (f.used_pct * 10.0).round() / 10.0);
+            let figures = compute.get(&row.cgroup);
+            row.compute_used_pct = figures.map(|f| (f.used_pct * 10.0).round() / 10.0);
+            row.compute_turn_pct = figures.map(|f| (f.turn_pct * 10.0).round() / 10.0);
+            row.compute_corun = figures.is_some_and(|f| f.corun);
             row.memory_limit_bytes = limits.effective(&row.cgroup).0.memory_bytes;
             row.over_limit_actions = self.backstop.actions(row.cgroup_id);
             row.alloc_denied = self.ledgers.get(&row.cgroup).map_or(0, |l| l.denied());

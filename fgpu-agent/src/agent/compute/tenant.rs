@@ -1,0 +1,206 @@
+//! One gated (cgroup, device) — a *tenant* — as the controller keeps it across ticks: what
+//! its processes do (read from the ledger each tick, see `Ledger::activity`), its virtual
+//! time, its cap's bucket, its mode (turns or co-running) and its history for status.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
+
+use fgpu_common::ledger::DeviceTurn;
+use fgpu_common::ledger::compute::Activity;
+
+use super::{ACHIEVED_OVER, FRESH_BEATS, MIN_QUANTUM_NS, ROUND_NS, WINDOW_NS};
+use crate::agent::ledgers::CgroupLedger;
+
+/// How a tenant gets the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// It takes turns: alone on the device while it holds one.
+    Turns,
+    /// It runs beside the holder whenever it has work (a latency-bound tenant below its
+    /// share: its turns left the device mostly idle).
+    CoRun,
+}
+
+/// The turn a tenant holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Held {
+    /// When it was granted (or last rolled over), ns.
+    pub since: u64,
+    /// Its measured GPU time then.
+    pub gpu_at: u64,
+}
+
+pub struct Tenant {
+    pub ledger: Arc<CgroupLedger>,
+    pub idx: usize,
+    /// The device's key (UUID hash) the record is bound to.
+    pub device: u64,
+    pub share: u32,
+    pub cap: u32,
+    /// Measured GPU time at the last tick (the ledger's `gpu_ns`).
+    pub last_gpu: u64,
+    /// Device time held in turns / weight: the next turn goes to the waiting tenant furthest
+    /// behind.
+    pub vtime: f64,
+    /// A cap's bucket of measured GPU time, ns.
+    pub tokens: i64,
+    /// This tick's view of its processes.
+    pub act: Activity,
+    /// The newest launch stamp seen, and when it (or measured GPU time) last moved, ns.
+    pub launch_beat: u64,
+    pub launch_at: u64,
+    pub mode: Mode,
+    /// Measured GPU time ÷ turn time over its recent turns (1: it keeps the device busy).
+    pub duty: f64,
+    pub held: Option<Held>,
+    /// Device time held in turns, ns (only grows; also in the ledger for status).
+    pub turn_total: u64,
+    pub seen: bool,
+    /// (tick time, gpu_ns, turn_total) samples for the achieved share and co-run usage.
+    pub history: VecDeque<(u64, u64, u64)>,
+}
+
+impl Tenant {
+    pub fn new(ledger: Arc<CgroupLedger>, idx: usize, device: u64, vtime: f64) -> Tenant {
+        let gpu = ledger.ledger().usage.compute[idx].gpu_ns.load(SeqCst);
+        Tenant {
+            ledger,
+            idx,
+            device,
+            share: 0,
+            cap: 0,
+            last_gpu: gpu,
+            vtime,
+            tokens: 0,
+            act: Activity::default(),
+            launch_beat: 0,
+            launch_at: 0,
+            mode: Mode::Turns,
+            duty: 1.0,
+            held: None,
+            turn_total: 0,
+            seen: true,
+            history: VecDeque::new(),
+        }
+    }
+
+    pub fn turn(&self) -> &DeviceTurn {
+        self.ledger.ledger().turn(self.idx)
+    }
+
+    pub fn weight(&self) -> f64 {
+        f64::from(if gated(self.share) {
+            self.share
+        } else {
+            self.cap
+        })
+        .max(1.0)
+    }
+
+    pub fn capped(&self) -> bool {
+        gated(self.cap)
+    }
+
+    /// May get the device now (a cap's bucket is not empty).
+    pub fn eligible(&self) -> bool {
+        !self.capped() || self.tokens > 0
+    }
+
+    pub fn waiting(&self) -> bool {
+        self.act.waiting > 0
+    }
+
+    /// The length of its turn, ns of device time.
+    pub fn quantum(&self) -> u64 {
+        let q = (ROUND_NS as f64 * self.weight() / 100.0) as i64;
+        q.max(MIN_QUANTUM_NS) as u64
+    }
+
+    /// Reads the ledger at tick time `now` (`dt` since the last tick): measured time, the
+    /// cap's bucket, what its processes do. Bumps the device's heartbeat.
+    pub fn observe(&mut self, now: u64, dt: i64) {
+        let beat = self.turn().heartbeat.fetch_add(1, SeqCst) + 1;
+        self.act = self.ledger.ledger().activity(self.idx, beat, FRESH_BEATS);
+        let gpu = self.ledger.ledger().usage.compute[self.idx]
+            .gpu_ns
+            .load(SeqCst);
+        let delta = gpu.saturating_sub(self.last_gpu);
+        self.last_gpu = gpu;
+        if self.capped() {
+            let burst = WINDOW_NS * i64::from(self.cap) / 100;
+            self.tokens = (self.tokens + dt * i64::from(self.cap) / 100).min(burst)
+                - delta.min(i64::MAX as u64) as i64;
+        }
+        if self.act.last_launch != self.launch_beat || delta > 0 {
+            self.launch_beat = self.act.last_launch;
+            self.launch_at = now;
+        }
+    }
+
+    /// Not using its turn: no launch and no measured time for `idle_ns` since it was granted.
+    pub fn idle_in_turn(&self, now: u64, idle_ns: u64) -> bool {
+        let since = self.held.map_or(0, |h| h.since);
+        now.saturating_sub(self.launch_at.max(since)) >= idle_ns
+    }
+
+    /// Not using the device at all (for the no-banking rule): no turn, nobody waiting,
+    /// nothing queued, no launch for `idle_ns`.
+    pub fn idle(&self, now: u64, idle_ns: u64) -> bool {
+        self.held.is_none()
+            && !self.waiting()
+            && self.act.inflight <= 0
+            && self.mode == Mode::Turns
+            && now.saturating_sub(self.launch_at) >= idle_ns
+    }
+
+    /// Records a duty sample for a turn held from `h` until `now`.
+    pub fn sample_duty(&mut self, h: Held, now: u64, min_ns: u64) {
+        let len = now.saturating_sub(h.since);
+        if len >= min_ns {
+            let sample = (self.last_gpu.saturating_sub(h.gpu_at) as f64 / len as f64).min(1.0);
+            self.duty = 0.5 * self.duty + 0.5 * sample;
+        }
+    }
+
+    /// Measured GPU time over (at most) the last `ns`, percent of wall time.
+    pub fn used_pct_over(&self, ns: u64) -> f64 {
+        self.pct_over(ns, |&(_, g, _)| g)
+    }
+
+    /// Device time held in turns over (at most) the last `ns`, percent of wall time.
+    pub fn turn_pct_over(&self, ns: u64) -> f64 {
+        self.pct_over(ns, |&(_, _, t)| t)
+    }
+
+    fn pct_over(&self, ns: u64, pick: impl Fn(&(u64, u64, u64)) -> u64) -> f64 {
+        let Some(last) = self.history.back() else {
+            return 0.0;
+        };
+        let t1 = last.0;
+        match self.history.iter().find(|s| t1 - s.0 <= ns) {
+            Some(first) if t1 > first.0 => {
+                pick(last).saturating_sub(pick(first)) as f64 * 100.0 / (t1 - first.0) as f64
+            }
+            _ => 0.0,
+        }
+    }
+
+    /// Adds a history sample, keeping [`ACHIEVED_OVER`].
+    pub fn record(&mut self, now: u64) {
+        self.history
+            .push_back((now, self.last_gpu, self.turn_total));
+        let keep = ACHIEVED_OVER.as_nanos() as u64;
+        while self
+            .history
+            .front()
+            .is_some_and(|&(at, _, _)| now - at > keep)
+        {
+            self.history.pop_front();
+        }
+    }
+}
+
+pub fn gated(pct: u32) -> bool {
+    (1..100).contains(&pct)
+}

@@ -1,0 +1,201 @@
+//! Batches: a stream's launches measured together with a pair of timing events.
+//!
+//! A batch is opened before a launch (recording a start event if the stream was idle; on a
+//! busy stream it starts where the batch before it ends) and closed after its last launch
+//! (recording its end event). When the end event has completed, the GPU time between the two
+//! is what the batch cost: the estimate charged at launch time is corrected by the
+//! difference and the stream's per-launch estimate moves toward the new sample. At most
+//! [`DEPTH`] closed batches per stream are unmeasured, and no more estimated work than the
+//! controller's queue bound: closing another waits for the oldest (`cuEventSynchronize`).
+
+use std::ffi::c_uint;
+use std::sync::atomic::Ordering::Relaxed;
+
+use fgpu_common::ledger::SlotCompute;
+
+use super::budget::{self, Dev};
+use super::driver::{
+    CU_EVENT_BLOCKING_SYNC, CU_EVENT_DEFAULT, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, RelaxedCapture,
+    capturing, elapsed_ns, event_create, event_query, event_record, event_sync,
+};
+use super::streams::{Inner, Stream};
+use super::{Kind, STATS, now_ns};
+
+/// Batch records per stream (events: one start and one end per record).
+pub const RING: usize = 4;
+/// Closed, unmeasured batches per stream at most (while the cost per launch is known; 1
+/// while it is not).
+pub const DEPTH: usize = RING - 1;
+
+/// How a batch's GPU time starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// At the end event of the batch before it (the stream was busy: back to back).
+    Prev,
+    /// At its own start event (the stream was idle).
+    Own,
+    /// Unknown (no event could be recorded): charged by estimate only.
+    None,
+}
+
+#[derive(Clone, Copy)]
+pub struct Batch {
+    pub start: Start,
+    pub est: i64,
+    pub n: u32,
+    pub kind: Kind,
+    pub at: u64,
+    /// The process's ledger record it is counted in as queued work (None: not counted).
+    /// Ledger mappings are never unmapped, so the reference stays valid.
+    pub counted: Option<&'static SlotCompute>,
+}
+
+pub const NO_BATCH: Batch = Batch {
+    start: Start::None,
+    est: 0,
+    n: 0,
+    kind: Kind::Kernel,
+    at: 0,
+    counted: None,
+};
+
+fn ensure_event(ev: &mut usize, flags: c_uint) -> bool {
+    if *ev == 0 {
+        *ev = event_create(flags);
+    }
+    *ev != 0
+}
+
+/// Settles the oldest batch (its end event has completed, or failed).
+fn settle_oldest(s: &Stream, inner: &mut Inner, d: &Dev, m: u8, done: bool) {
+    let p = inner.head;
+    let b = inner.ring[p];
+    let start = match b.start {
+        Start::Own => inner.ev_start[p],
+        Start::Prev => inner.ev_end[(p + RING - 1) % RING],
+        Start::None => 0,
+    };
+    let measured = if done && start != 0 {
+        elapsed_ns(start, inner.ev_end[p])
+    } else {
+        None
+    };
+    if let Some(ns) = measured {
+        let k = b.kind as usize;
+        let sample = ns / i64::from(b.n.max(1));
+        inner.est[k] = if inner.known[k] {
+            (3 * inner.est[k] + sample) / 4
+        } else {
+            sample
+        };
+        inner.known[k] = true;
+        s.est[k].store(inner.est[k], Relaxed);
+        budget::charge_local(d, m, ns - b.est);
+        budget::measured(d, m, ns);
+        STATS.measured_ns.fetch_add(ns as u64, Relaxed);
+    }
+    pop_oldest(inner);
+}
+
+/// Removes the oldest closed batch from the ring (and from the ledger's queued work).
+pub fn pop_oldest(inner: &mut Inner) {
+    let p = inner.head;
+    let b = inner.ring[p];
+    if let Some(c) = b.counted {
+        c.done(b.est);
+    }
+    inner.queued -= b.est;
+    inner.ring[p] = NO_BATCH;
+    inner.head = (p + 1) % RING;
+    inner.out -= 1;
+}
+
+/// Settles every batch whose end event has completed (never waits).
+pub fn settle_ready(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
+    if inner.out == 0 {
+        return;
+    }
+    let _relaxed = RelaxedCapture::enter();
+    while inner.out > 0 {
+        match event_query(inner.ev_end[inner.head]) {
+            CUDA_SUCCESS => settle_oldest(s, inner, d, m, true),
+            CUDA_ERROR_NOT_READY => break,
+            _ => settle_oldest(s, inner, d, m, false),
+        }
+    }
+}
+
+/// Waits for the oldest batch and settles it.
+fn wait_oldest(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
+    let _relaxed = RelaxedCapture::enter();
+    let t = now_ns();
+    let ok = event_sync(inner.ev_end[inner.head]) == CUDA_SUCCESS;
+    STATS.sync_ns.fetch_add(now_ns() - t, Relaxed);
+    settle_oldest(s, inner, d, m, ok);
+}
+
+/// Opens a batch before a launch. False if the stream is capturing (nothing recorded).
+pub fn open_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8, kind: Kind, now: u64) -> bool {
+    settle_ready(s, inner, d, m);
+    let start = if inner.out > 0 {
+        Start::Prev
+    } else {
+        if capturing(inner.rec) {
+            return false;
+        }
+        let p = (inner.head + inner.out) % RING;
+        let ok = ensure_event(&mut inner.ev_start[p], CU_EVENT_DEFAULT)
+            && event_record(inner.ev_start[p], inner.rec);
+        if ok { Start::Own } else { Start::None }
+    };
+    inner.open = Some(Batch {
+        start,
+        est: 0,
+        n: 0,
+        kind,
+        at: now,
+        counted: None,
+    });
+    true
+}
+
+/// Closes the open batch after its last launch: records its end event (unless the stream is
+/// capturing: then its estimates are refunded and it is forgotten).
+pub fn close_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
+    let Some(mut b) = inner.open.take() else {
+        return;
+    };
+    b.est += s.stray_est.swap(0, Relaxed);
+    b.n += s.stray_n.swap(0, Relaxed);
+    if b.n == 0 {
+        return;
+    }
+    if capturing(inner.rec) {
+        budget::charge_local(d, m, -b.est);
+        return;
+    }
+    let max_out = if inner.known[b.kind as usize] {
+        DEPTH
+    } else {
+        1
+    };
+    let bound = budget::queue_bound(d, m);
+    settle_ready(s, inner, d, m);
+    while inner.out >= max_out || (inner.out > 0 && bound > 0 && inner.queued + b.est > bound) {
+        wait_oldest(s, inner, d, m);
+    }
+    // A `Prev` start stays valid even if the batch before was settled just now: an end event
+    // is recorded again only when its record is reused, and the wait above keeps at most
+    // RING - 1 records in use.
+    let p = (inner.head + inner.out) % RING;
+    if !(ensure_event(&mut inner.ev_end[p], CU_EVENT_BLOCKING_SYNC)
+        && event_record(inner.ev_end[p], inner.rec))
+    {
+        return; // charged by estimate only
+    }
+    b.counted = budget::queued(d, m, b.est);
+    inner.queued += b.est;
+    inner.ring[p] = b;
+    inner.out += 1;
+    STATS.batches.fetch_add(1, Relaxed);
+}
