@@ -33,7 +33,9 @@ pub enum Error {
         got: i64,
         want: usize,
     },
-    #[error("{what} carries seals {got:#x}, expected {want:#x} (a descriptor that could be resized or resealed)")]
+    #[error(
+        "{what} carries seals {got:#x}, expected {want:#x} (a descriptor that could be resized or resealed)"
+    )]
     Seals {
         what: &'static str,
         got: i32,

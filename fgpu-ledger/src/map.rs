@@ -51,8 +51,16 @@ fn map_at(addr: usize, len: usize, prot: i32, fd: RawFd, what: &'static str) -> 
 fn map(limits: RawFd, usage: RawFd, limits_prot: i32) -> Result<usize, Error> {
     let base = reserve()?;
     let rw = libc::PROT_READ | libc::PROT_WRITE;
-    let mapped = map_at(base, PAGE, limits_prot, limits, "mapping the limits memfd")
-        .and_then(|()| map_at(base + PAGE, USAGE_SIZE, rw, usage, "mapping the usage memfd"));
+    let mapped =
+        map_at(base, PAGE, limits_prot, limits, "mapping the limits memfd").and_then(|()| {
+            map_at(
+                base + PAGE,
+                USAGE_SIZE,
+                rw,
+                usage,
+                "mapping the usage memfd",
+            )
+        });
     if let Err(e) = mapped {
         unmap(base);
         return Err(e);
@@ -114,5 +122,11 @@ pub fn unmap_shim(base: usize) {
 pub fn remap_limits(base: usize, limits: RawFd, usage: RawFd) -> Result<(), Error> {
     let scratch = map_shim(limits, usage)?;
     unmap(scratch);
-    map_at(base, PAGE, libc::PROT_READ, limits, "remapping the limits page")
+    map_at(
+        base,
+        PAGE,
+        libc::PROT_READ,
+        limits,
+        "remapping the limits page",
+    )
 }

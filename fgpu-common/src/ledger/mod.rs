@@ -310,9 +310,7 @@ impl Ledger {
         s.alloc_denied.store(0, SeqCst);
         s.pid.store(pid, SeqCst);
         s.generation.fetch_add(1, SeqCst);
-        self.usage
-            .slots_hwm
-            .fetch_max(slot as u32 + 1, SeqCst);
+        self.usage.slots_hwm.fetch_max(slot as u32 + 1, SeqCst);
         reclaimed
     }
 

@@ -1,8 +1,8 @@
-use super::compute::{TURN_CLOSED, TURN_OPEN};
 use super::compute::Activity;
+use super::compute::{TURN_CLOSED, TURN_OPEN};
 use super::*;
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
 
 fn ledger() -> Box<Ledger> {
     let layout = std::alloc::Layout::new::<Ledger>();

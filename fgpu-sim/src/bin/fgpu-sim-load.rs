@@ -14,6 +14,8 @@
 //!   sync | sleep MS | hold | nvml
 //!   launch-for MS KERNEL        (10 launches + sync, repeated for MS ms; prints n)
 //!   graph-for MS N KERNEL       (a graph of N launches replayed for MS ms; prints replays)
+//!   steps-for MS K KERNEL GAP_US (K launches + sync + GAP_US of host time, repeated for MS
+//!                                ms; a `steps-at mono_ms= steps=` line every 100 ms)
 //!   stress THREADS PAIRS SIZE   (THREADS threads × PAIRS cuMemAlloc_v2 + cuMemFree_v2 each)
 //!   bench-alloc PAIRS SIZE      (one thread; prints ns_per_pair)
 //!   bench-launch N KERNEL       (N launches + sync; prints launches_per_s; `empty` is real
@@ -257,6 +259,17 @@ struct Driver {
     allocs: Vec<Alloc>,
     pool: usize,
     failed: bool,
+}
+
+/// CLOCK_MONOTONIC in ms.
+fn mono_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 fn out(line: String) {
@@ -606,6 +619,48 @@ impl Driver {
         );
     }
 
+    /// A training or decoding loop: steps of `k` launches of `kernel`, a synchronisation and
+    /// `gap_us` of host time (an optimizer step, data loading, a decoder's sampling), for `ms`
+    /// of wall time. Every 100 ms a `steps-at mono_ms=T steps=N` line (T: CLOCK_MONOTONIC,
+    /// the same in every PID namespace), so that rates over windows can be compared across
+    /// processes; at the end `steps-for ok steps=N ... elapsed_ms=E`.
+    fn steps_for(&mut self, ms: u64, k: u64, kernel: &str, gap_us: u64) {
+        let t = Instant::now();
+        let mut steps = 0u64;
+        let mut next_report = 0u64;
+        let rc = match self.function(kernel) {
+            Err(rc) => rc,
+            Ok(f) => loop {
+                let rc = self.launch_n(f, k, 0);
+                // SAFETY: no arguments.
+                let sync = unsafe { (self.api.ctx_synchronize)() };
+                if rc != 0 || sync != 0 {
+                    break if rc != 0 { rc } else { sync };
+                }
+                if gap_us > 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(gap_us));
+                }
+                steps += 1;
+                let el = t.elapsed().as_millis() as u64;
+                if el >= next_report {
+                    next_report = el + 100;
+                    out(format!("steps-at mono_ms={} steps={steps}", mono_ms()));
+                }
+                if el >= ms {
+                    break 0;
+                }
+            },
+        };
+        let elapsed = t.elapsed().as_secs_f64() * 1e3;
+        self.report(
+            rc,
+            format!(
+                "steps-for ok steps={steps} k={k} kernel={kernel} gap_us={gap_us} elapsed_ms={elapsed:.1}"
+            ),
+            format!("steps-for fail rc={rc} kernel={kernel}"),
+        );
+    }
+
     /// Captures `n` launches of `kernel` into a graph, then replays it for `ms` of wall time
     /// (two replays, then a stream synchronisation), and reports how many replays ran.
     fn graph_for(&mut self, ms: u64, n: u64, kernel: &str) {
@@ -928,6 +983,14 @@ fn main() {
                 let kernel = args.get(i + 1).cloned().unwrap_or_default();
                 i += 2;
                 d.launch_for(ms, &kernel);
+            }
+            "steps-for" => {
+                let ms = num_arg(args.get(i)).unwrap_or(1000);
+                let k = num_arg(args.get(i + 1)).unwrap_or(1);
+                let kernel = args.get(i + 2).cloned().unwrap_or_default();
+                let gap = num_arg(args.get(i + 3)).unwrap_or(0);
+                i += 4;
+                d.steps_for(ms, k, &kernel, gap);
             }
             "graph-for" => {
                 let ms = num_arg(args.get(i)).unwrap_or(1000);

@@ -130,4 +130,3 @@ pub fn current_ctx() -> usize {
     }
     c as usize
 }
-

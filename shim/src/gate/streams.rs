@@ -8,8 +8,8 @@
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire,
-    Ordering::Relaxed, Ordering::Release,
+    AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed,
+    Ordering::Release,
 };
 
 use super::FULL_WARNED;
@@ -213,4 +213,3 @@ fn setup(g: &Owned<'_>, key: u64, rec: usize, now: u64) {
     s.last_use.store(now, Relaxed);
     s.key.store(key, Release);
 }
-

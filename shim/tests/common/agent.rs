@@ -237,6 +237,26 @@ impl Proc {
         }
     }
 
+    /// The host PID of the process started (`unshare`, the namespace's parent).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reads output lines until one starts with `prefix` or the process ends; returns it.
+    pub fn next_line(&mut self, prefix: &str) -> Option<String> {
+        loop {
+            let mut line = String::new();
+            if self.out.read_line(&mut line).unwrap_or(0) == 0 {
+                return None;
+            }
+            let line = line.trim_end().to_string();
+            self.lines.push(line.clone());
+            if line.starts_with(prefix) {
+                return Some(line);
+            }
+        }
+    }
+
     /// Lets a `hold` go on (closes stdin).
     pub fn release(&mut self) {
         if let Some(mut i) = self.child.stdin.take() {

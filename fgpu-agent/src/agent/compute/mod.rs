@@ -58,8 +58,8 @@ const MAX_DRAIN_NS: u64 = 20_000_000;
 /// A per-process stamp older than this many heartbeats is stale (the process stopped or
 /// died): about 20 ms at [`TICK`].
 pub const FRESH_BEATS: u64 = 40;
-/// Turns shorter than this say nothing about a tenant's duty.
-const MIN_DUTY_SAMPLE_NS: u64 = 5_000_000;
+/// A tenant's duty is sampled every this much turn time (over however many turns).
+const DUTY_SAMPLE_NS: u64 = 20_000_000;
 /// A tenant whose turns keep the device busy less than this fraction of the time co-runs.
 const LIGHT_DUTY: f64 = 0.6;
 /// No process may have more than this estimated GPU time queued on a gated device (the
@@ -67,8 +67,13 @@ const LIGHT_DUTY: f64 = 0.6;
 const QUEUE_NS: u64 = 4_000_000;
 /// ...and while anyone co-runs there, no more than this.
 const CORUN_QUEUE_NS: u64 = 1_000_000;
-/// A co-runner's measured use is checked against its share over this window.
+/// A co-runner's measured use is checked against its share over this window...
 const CORUN_WINDOW_NS: u64 = 300_000_000;
+/// ...and it goes back to turns once it is this many times its share (its measured time
+/// includes the time its work waits behind the holder's, so it over-states its use)...
+const CORUN_OVER: f64 = 1.5;
+/// ...or this many percent.
+const CORUN_MAX_PCT: f64 = 90.0;
 /// `fgpu status` shows the share achieved over this long.
 pub const ACHIEVED_OVER: Duration = Duration::from_secs(5);
 
@@ -141,10 +146,6 @@ type TenantId = (u64, usize);
 struct Drain {
     from: TenantId,
     deadline: u64,
-    /// The turn it ends (its duty is sampled once drained).
-    turn: Held,
-    /// It ended because the holder left it unused (no duty sample).
-    idle: bool,
 }
 
 /// Per device: the turn in progress and the drain after the last one.
@@ -173,7 +174,10 @@ impl Controller {
             .and_then(|v| v.parse::<f64>().ok())
             .filter(|d| (0.0..=1.0).contains(d));
         if let Some(d) = light_duty {
-            tracing::info!(light_duty = d, "compute controller: FGPU_COMPUTE_LIGHT_DUTY");
+            tracing::info!(
+                light_duty = d,
+                "compute controller: FGPU_COMPUTE_LIGHT_DUTY"
+            );
         }
         Controller {
             light_duty,
@@ -302,10 +306,11 @@ impl Controller {
             let t = tenants.get_mut(k).expect("tenant");
             if t.mode == Mode::CoRun
                 && (!t.eligible()
-                    || t.used_pct_over(CORUN_WINDOW_NS) >= f64::from(t.share.max(t.cap)))
+                    || t.used_pct_over(CORUN_WINDOW_NS)
+                        >= (CORUN_OVER * f64::from(t.share)).min(CORUN_MAX_PCT))
             {
                 t.mode = Mode::Turns;
-                t.duty = 1.0;
+                t.reset_duty();
                 tracing::debug!(cgroup = %t.ledger.cgroup, device = t.idx, "compute: co-running tenant back to turns");
             }
         }
@@ -317,11 +322,9 @@ impl Controller {
             });
             let t = tenants.get_mut(&h).expect("holder");
             let held = t.held.expect("a holder holds a turn");
-            t.vtime += dt as f64 / t.weight();
-            t.turn_total += dt;
-            t.turn().turn_ns.fetch_add(dt, SeqCst);
+            t.charge(dt, DUTY_SAMPLE_NS);
             let long = now.saturating_sub(held.since) >= t.quantum();
-            let idle = t.idle_in_turn(now, IDLE_NS);
+            let idle = t.idle_in_turn(now, IDLE_NS, MAX_DRAIN_NS);
             if !t.eligible() || idle || (others_wait && long) {
                 t.held = None;
                 set_turn(t, TURN_CLOSED);
@@ -331,16 +334,10 @@ impl Controller {
                 dev.draining = Some(Drain {
                     from: h,
                     deadline: now + wait,
-                    turn: held,
-                    idle,
                 });
             } else if long {
-                // Alone (or everybody else is capped out): the turn goes on, sampled anew.
-                t.sample_duty(held, now, MIN_DUTY_SAMPLE_NS);
-                t.held = Some(Held {
-                    since: now,
-                    gpu_at: t.last_gpu,
-                });
+                // Alone (or everybody else is capped out): the turn goes on.
+                t.held = Some(Held { since: now });
             }
         }
         // The drain: the previous holder's queued work still runs on the device, so the
@@ -349,19 +346,13 @@ impl Controller {
             let drained = match tenants.get_mut(&d.from) {
                 None => true,
                 Some(t) => {
-                    t.vtime += dt as f64 / t.weight();
-                    t.turn_total += dt;
-                    t.turn().turn_ns.fetch_add(dt, SeqCst);
+                    t.charge(dt, DUTY_SAMPLE_NS);
                     t.act.inflight <= 0
                 }
             };
             if drained || now >= d.deadline {
                 dev.draining = None;
                 if let Some(t) = tenants.get_mut(&d.from) {
-                    // The turn's duty is known once its work has run and been measured.
-                    if !d.idle {
-                        t.sample_duty(d.turn, now, MIN_DUTY_SAMPLE_NS);
-                    }
                     if gated(t.share) && t.duty < light_duty && t.eligible() {
                         t.mode = Mode::CoRun;
                         tracing::debug!(cgroup = %t.ledger.cgroup, device = t.idx, duty = t.duty, "compute: latency-bound tenant co-runs");
@@ -380,10 +371,7 @@ impl Controller {
                 .copied();
             if let Some(n) = next {
                 let t = tenants.get_mut(&n).expect("tenant");
-                t.held = Some(Held {
-                    since: now,
-                    gpu_at: t.last_gpu,
-                });
+                t.held = Some(Held { since: now });
                 dev.holder = Some(n);
             }
         }

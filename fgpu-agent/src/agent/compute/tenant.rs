@@ -27,8 +27,6 @@ pub enum Mode {
 pub struct Held {
     /// When it was granted (or last rolled over), ns.
     pub since: u64,
-    /// Its measured GPU time then.
-    pub gpu_at: u64,
 }
 
 pub struct Tenant {
@@ -53,6 +51,9 @@ pub struct Tenant {
     pub mode: Mode,
     /// Measured GPU time ÷ turn time over its recent turns (1: it keeps the device busy).
     pub duty: f64,
+    /// Turn time and measured GPU time since the last duty sample.
+    duty_turn: u64,
+    duty_gpu: u64,
     pub held: Option<Held>,
     /// Device time held in turns, ns (only grows; also in the ledger for status).
     pub turn_total: u64,
@@ -78,6 +79,8 @@ impl Tenant {
             launch_at: 0,
             mode: Mode::Turns,
             duty: 1.0,
+            duty_turn: 0,
+            duty_gpu: 0,
             held: None,
             turn_total: 0,
             seen: true,
@@ -127,6 +130,10 @@ impl Tenant {
             .load(SeqCst);
         let delta = gpu.saturating_sub(self.last_gpu);
         self.last_gpu = gpu;
+        if self.mode == Mode::Turns {
+            // Taking turns, all it runs runs in its turns (measured a little later).
+            self.duty_gpu = self.duty_gpu.saturating_add(delta);
+        }
         if self.capped() {
             let burst = WINDOW_NS * i64::from(self.cap) / 100;
             self.tokens = (self.tokens + dt * i64::from(self.cap) / 100).min(burst)
@@ -138,10 +145,20 @@ impl Tenant {
         }
     }
 
-    /// Not using its turn: no launch and no measured time for `idle_ns` since it was granted.
-    pub fn idle_in_turn(&self, now: u64, idle_ns: u64) -> bool {
+    /// Not using its turn: no launch and no measured time for `idle_ns` since it was granted
+    /// — longer while it has work queued (its processes may be blocked in a synchronisation
+    /// until that work has run): 1.5 × the queued estimate + 2 ms more, at most `max_ns`.
+    /// Measured by the controller's clock, so a killed or stopped holder loses its turn
+    /// within that bound whatever its page says.
+    pub fn idle_in_turn(&self, now: u64, idle_ns: u64, max_ns: u64) -> bool {
         let since = self.held.map_or(0, |h| h.since);
-        now.saturating_sub(self.launch_at.max(since)) >= idle_ns
+        let grace = if self.act.inflight > 0 {
+            let q = self.act.queued_ns.max(0) as u64;
+            (idle_ns + q + q / 2 + 2_000_000).min(max_ns)
+        } else {
+            idle_ns
+        };
+        now.saturating_sub(self.launch_at.max(since)) >= grace
     }
 
     /// Not using the device at all (for the no-banking rule): no turn, nobody waiting,
@@ -154,13 +171,24 @@ impl Tenant {
             && now.saturating_sub(self.launch_at) >= idle_ns
     }
 
-    /// Records a duty sample for a turn held from `h` until `now`.
-    pub fn sample_duty(&mut self, h: Held, now: u64, min_ns: u64) {
-        let len = now.saturating_sub(h.since);
-        if len >= min_ns {
-            let sample = (self.last_gpu.saturating_sub(h.gpu_at) as f64 / len as f64).min(1.0);
+    /// Charges `dt` of device time it held (in a turn or its drain): virtual time, the
+    /// status total, and the duty sample (taken every `sample_ns` of turn time).
+    pub fn charge(&mut self, dt: u64, sample_ns: u64) {
+        self.vtime += dt as f64 / self.weight();
+        self.turn_total += dt;
+        self.turn().turn_ns.fetch_add(dt, SeqCst);
+        self.duty_turn += dt;
+        if self.duty_turn >= sample_ns {
+            let sample = (self.duty_gpu as f64 / self.duty_turn as f64).min(1.0);
             self.duty = 0.5 * self.duty + 0.5 * sample;
+            (self.duty_turn, self.duty_gpu) = (0, 0);
         }
+    }
+
+    /// Starts over on duty (it co-ran, or comes back to turns).
+    pub fn reset_duty(&mut self) {
+        self.duty = 1.0;
+        (self.duty_turn, self.duty_gpu) = (0, 0);
     }
 
     /// Measured GPU time over (at most) the last `ns`, percent of wall time.
