@@ -352,11 +352,18 @@ impl Controller {
             };
             if drained || now >= d.deadline {
                 dev.draining = None;
-                if let Some(t) = tenants.get_mut(&d.from) {
-                    if gated(t.share) && t.duty < light_duty && t.eligible() {
-                        t.mode = Mode::CoRun;
-                        tracing::debug!(cgroup = %t.ledger.cgroup, device = t.idx, duty = t.duty, "compute: latency-bound tenant co-runs");
-                    }
+                if let Some(t) = tenants.get_mut(&d.from)
+                    && gated(t.share)
+                    && t.duty < light_duty
+                    && t.eligible()
+                {
+                    t.mode = Mode::CoRun;
+                    tracing::debug!(
+                        cgroup = %t.ledger.cgroup,
+                        device = t.idx,
+                        duty = t.duty,
+                        "compute: latency-bound tenant co-runs"
+                    );
                 }
             }
         }
