@@ -56,3 +56,6 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

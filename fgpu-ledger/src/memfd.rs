@@ -78,9 +78,11 @@ pub fn file_len(fd: RawFd) -> Result<i64, Error> {
     Ok(st.st_size)
 }
 
-fn check(fd: RawFd, what: &'static str, len: usize, want: i32) -> Result<(), Error> {
+/// Checks that `fd` carries every seal of `want` and none of `forbid` (other seals, such as
+/// `F_SEAL_EXEC` that `vm.memfd_noexec` adds, are harmless), and is `len` bytes.
+fn check(fd: RawFd, what: &'static str, len: usize, want: i32, forbid: i32) -> Result<(), Error> {
     let got = seals(fd)?;
-    if got != want {
+    if got & want != want || got & forbid != 0 {
         return Err(Error::Seals { what, got, want });
     }
     // Sealed: the size read now is the size for good.
@@ -95,13 +97,15 @@ fn check(fd: RawFd, what: &'static str, len: usize, want: i32) -> Result<(), Err
     Ok(())
 }
 
-/// Whether `fd` may be adopted as a cgroup's usage memfd: exactly [`USAGE_SEALS`] (so nobody
-/// can resize it while it is mapped, nor seal it further) and exactly the usage size.
+/// Whether `fd` may be adopted as a cgroup's usage memfd: [`USAGE_SEALS`] (so nobody can
+/// resize it while it is mapped, nor seal it further), no write seal (shims and the agent
+/// write it), and exactly the usage size.
 pub fn check_usage(fd: RawFd) -> Result<(), Error> {
-    check(fd, "the usage memfd", USAGE_SIZE, USAGE_SEALS)
+    let write = libc::F_SEAL_WRITE | libc::F_SEAL_FUTURE_WRITE;
+    check(fd, "the usage memfd", USAGE_SIZE, USAGE_SEALS, write)
 }
 
 /// Whether `fd` is a sealed limits page ([`LIMITS_SEALS`], one page).
 pub fn check_limits(fd: RawFd) -> Result<(), Error> {
-    check(fd, "the limits memfd", PAGE, LIMITS_SEALS)
+    check(fd, "the limits memfd", PAGE, LIMITS_SEALS, 0)
 }

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Criteria and table for compute_real.sh (issue 10): compute_real.py --runs RUNS.jsonl --out DIR
+
+A share is throughput: iterations/s of a worker ÷ the same workload alone without fgpu (its
+ref-ROLE phase; for the two-process container, both processes ÷ the two alone, ref2p).
+Prints PASS/FAIL/INFO lines and a table last; writes DIR/compute_real.json. Exit 1 on a FAIL.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import sys
+
+GATE_RE = re.compile(r"compute gate: (launches=\d+.*)$")
+
+
+def load(path):
+    res, gate = None, None
+    try:
+        text = open(path, errors="replace").read()
+    except OSError as e:
+        return None, None, f"(no log: {e})"
+    for line in text.splitlines():
+        if line.startswith("RESULT "):
+            try:
+                res = json.loads(line[7:])
+            except ValueError:
+                pass
+        m = GATE_RE.search(line)
+        if m:
+            gate = m.group(1)
+    return res, gate, text
+
+
+def fmt(x, spec=".1f"):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def rate_between(progress, t0, t1):
+    """Iterations/s between wall times t0 and t1 from [time, n] samples (nan if none)."""
+    pts = [p for p in progress if t0 <= p[0] <= t1]
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return math.nan
+    return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    runs = [json.loads(l) for l in open(args.runs) if l.strip()]
+    for r in runs:
+        r["result"], r["gate"], text = load(r["log"])
+        if r["result"] is None:
+            r["log_tail"] = text[-1200:]
+
+    def get(phase, tenant, n=1):
+        return next((r for r in runs if r["phase"] == phase and r["tenant"] == tenant
+                     and r["n"] == n), None)
+
+    def per_s(r):
+        return r["result"]["per_s"] if r and r.get("result") else math.nan
+
+    ref = {}
+    for r in runs:
+        if r["phase"].startswith("ref-"):
+            ref[r["role"]] = per_s(r)
+    ref2p = per_s(get("ref2p", "a", 1)) + per_s(get("ref2p", "a", 2))
+    for r in runs:
+        r["share"] = 100 * per_s(r) / ref.get(r["role"], math.nan)
+
+    checks, fails = [], 0
+
+    def check(name, ok, figure, target, verdict=None):
+        nonlocal fails
+        verdict = verdict or ("PASS" if ok else "FAIL")
+        fails += verdict == "FAIL"
+        print(f"{verdict}: {name}: {figure} (target {target})", flush=True)
+        checks.append({"check": name, "figure": figure, "target": target, "verdict": verdict})
+
+    def sh(phase, tenant, n=1):
+        r = get(phase, tenant, n)
+        return r["share"] if r else math.nan
+
+    ran = {r["phase"] for r in runs}
+    check("references alone, no fgpu", all(v > 0 for v in ref.values()) and bool(ref),
+          ", ".join(f"{k} {fmt(v)}/s" for k, v in ref.items()), "measured")
+
+    def shares(phase, wants, names):
+        if phase not in ran:
+            return
+        got = [sh(phase, t) for t in "abc"[: len(wants)]]
+        sl = "slice" + phase[1:] if phase != "s3" else "slice3"
+        if sl in ran:
+            check(f"{sl}: driver time-slicing (comparison)", True,
+                  " / ".join(f"{n} {fmt(sh(sl, t))}%" for n, t in zip(names, "abc")), "none",
+                  verdict="INFO")
+        for g, w, n in zip(got, wants, names):
+            check(f"{phase}: {n} at --compute {w}", abs(g - w) <= 5, f"{fmt(g)}%", f"{w} +- 5")
+        check(f"{phase}: total", sum(got) >= 90, f"{fmt(sum(got))}%", ">= 90%")
+
+    shares("s25", [25, 75], ["cnn", "attn"])
+    shares("s3", [20, 30, 50], ["cnn", "attn", "graph"])
+    shares("s30", [30, 70], ["matmul", "graph"])
+    shares("s50", [50, 50], ["matmul", "graph"])
+
+    if "mp" in ran:
+        two = 100 * (per_s(get("mp", "a", 1)) + per_s(get("mp", "a", 2))) / ref2p
+        one = sh("mp", "b")
+        check("mp: 2-process container at --compute 50 (both ÷ both alone)", abs(two - 50) <= 5,
+              f"{fmt(two)}% ({fmt(sh('mp', 'a', 1))} + {fmt(sh('mp', 'a', 2))} of one alone)",
+              "50 +- 5")
+        check("mp: 1-process container at --compute 50", abs(one - 50) <= 5, f"{fmt(one)}%",
+              "50 +- 5")
+
+    if "dec" in ran:
+        d, t = sh("dec", "a"), sh("dec", "b")
+        ds, ts = sh("slicedec", "a"), sh("slicedec", "b")
+        check("slicedec: driver time-slicing, decoder / cnn (comparison)", True,
+              f"{fmt(ds)}% / {fmt(ts)}%", "none", verdict="INFO")
+        check("dec: decoder at --compute 50, of its solo token rate",
+              d >= 50 and (math.isnan(ds) or d >= ds), f"{fmt(d)}%",
+              f">= 50 and >= time-slicing's {fmt(ds)}")
+        check("dec: cnn training next to it at --compute 50", t >= 50, f"{fmt(t)}%", ">= 50")
+
+    if "kill" in ran:
+        try:
+            t_kill = json.load(open(os.path.join(args.out, "kill-time.json")))["t_kill"]
+        except (OSError, ValueError, KeyError):
+            t_kill = math.nan
+        b = get("kill", "b")
+        a2 = get("kill", "a", 2)
+        prog = (b or {}).get("result", {}) or {}
+        prog = prog.get("progress", [])
+        ra = ref.get("attn", math.nan)
+        after = 100 * rate_between(prog, t_kill + 0.2, t_kill + 1.2) / ra
+        before = 100 * rate_between(prog, t_kill - 2.0, t_kill) / ra
+        check("kill: attn before its neighbour's container is killed (50/50)", True,
+              f"{fmt(before)}%", "info", verdict="INFO")
+        check("kill: attn from 200 ms after the kill, alone", after >= 90, f"{fmt(after)}%",
+              ">= 90% of alone")
+        if a2 and a2.get("result"):
+            r2 = a2["result"]
+            both = 100 * rate_between(prog, r2["t_start"] + 0.5, r2["t_end"]) / ra
+            check("kill: a new cnn process in the killed container", abs(a2["share"] - 50) <= 5,
+                  f"{fmt(a2['share'])}%", "50 +- 5")
+            check("kill: attn next to the new process", abs(both - 50) <= 5, f"{fmt(both)}%",
+                  "50 +- 5")
+        else:
+            check("kill: a new cnn process in the killed container", False, "no result", "50 +- 5")
+
+    bare = [per_s(r) for r in runs if re.fullmatch(r"bare\d+", r["phase"])]
+    full = [per_s(r) for r in runs if re.fullmatch(r"full\d+", r["phase"])]
+    if bare and full:
+        mb, mf = statistics.median(bare), statistics.median(full)
+        check("--compute 100 under agent + shim vs no fgpu (matmul, medians)", mf >= 0.99 * mb,
+              f"{fmt(100 * mf / mb, '.2f')}% ({fmt(mf)} vs {fmt(mb)} it/s)", ">= 99%")
+
+    status = {}
+    for p in sorted(ran):
+        try:
+            status[p] = json.load(open(os.path.join(args.out, f"status-{p}.json")))
+        except (OSError, ValueError):
+            pass
+    for p, rows in status.items():
+        if isinstance(rows, list):
+            view = {r.get("cgroup"): {k: r.get(k) for k in ("compute_share_pct", "compute_turn_pct",
+                    "compute_used_pct", "compute_corun", "compute_nvml_pct")}
+                    for r in rows if "fgpu-real" in str(r.get("cgroup"))}
+            print(f"INFO: agent's view during {p}: {json.dumps(view, sort_keys=True)}")
+    missing = [f"{r['phase']}/{r['tenant']}-{r['n']} (rc {r['rc']})" for r in runs
+               if not r["result"] and not (r["phase"] == "kill" and r["n"] == 1 and r["tenant"] == "a")]
+    if missing:
+        print("WARN: no result from " + ", ".join(missing))
+    for r in runs:
+        if r["phase"] != "kill" and r.get("result"):
+            r["result"].pop("progress", None)
+    json.dump({"references": ref, "ref2p": ref2p, "checks": checks, "runs": runs,
+               "status": status}, open(os.path.join(args.out, "compute_real.json"), "w"),
+              indent=1, default=str)
+    print("\n| phase | tenant | loop | fgpu | iter/s | share % | gate |")
+    print("|---|---|---|---|---|---|---|")
+    for r in runs:
+        print(f"| {r['phase']} | {r['tenant']}{'' if r['n'] == 1 else r['n']} | {r['role']} "
+              f"| {r['mode']} | {fmt(per_s(r))} | {fmt(r['share'])} | {r['gate'] or '-'} |")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

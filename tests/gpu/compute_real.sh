@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# H200 check of compute shares for everyday workloads (issue 10). From the bundle's parent:
+#   OUT=/some/dir bash bundle/tests/gpu/compute_real.sh
+# "Containers" = cgroup v2 + own PID namespace with its own /proc; workloads from
+# workloads.py (cnn = ResNet-18 training step with loss.item(), attn = flash attention fwd+bwd,
+# graph = CUDA-graph matmul replays, decoder = token-by-token decoding, matmul).
+#   ref*       each workload alone without fgpu (the references; ref2p: two cnn processes in
+#              one container)
+#   slice*     the same mixes without fgpu (the driver's own time-slicing, for comparison)
+#   s25        cnn 25 / attn 75               s3   cnn 20 / attn 30 / graph 50
+#   mp         a container with two cnn processes vs one with one, 50 / 50
+#   dec        decoder 50 / cnn 50
+#   kill       cnn 50 / attn 50; the cnn container is killed mid-run (cgroup.kill, like
+#              `docker kill`), then a new cnn process starts in it
+#   s30 / s50  issue 6's matmul / graph pair; bareN / fullN: matmul without fgpu vs
+#              --compute 100 under agent + shim, interleaved
+# ONLY="s25 dec ..." runs the references and just those phases. PASS/FAIL lines and a table
+# last (also $OUT/compute_real.txt); details in $OUT/compute_real.json, worker logs in
+# $OUT/PHASE-TENANT-N.log, `fgpu status --json` near the end of each gated phase in
+# $OUT/status-PHASE.json, the agent's log (debug lines of the controller) in $OUT/agent.log.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+B=$(cd "$HERE/../.." && pwd)
+FGPU=$B/bin/fgpu
+SHIM=$B/lib/libfgpu.so
+PY=${PY:-/opt/torch/.venv/bin/python3}
+LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
+OUT=${OUT:-/tmp/fgpu-out}
+SECS=${SECS:-6}   # measured seconds of a phase (after WARM s of warm-up)
+WARM=${WARM:-2}
+SOCK=/tmp/fgpu-real.sock
+ADMIN=/tmp/fgpu-real-admin/fgpu.sock
+BPF=/sys/fs/bpf/fgpu-real
+CG=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)
+RUNS=$OUT/runs.jsonl
+export PATH=/usr/local/nvidia/bin:$PATH
+unset LD_PRELOAD FGPU_SOCKET FGPU_LOG FGPU_COMPUTE_SHARE FGPU_MEMORY_LIMIT
+mkdir -p "$OUT"
+: > "$OUT/agent.log"
+: > "$RUNS"
+for f in "$FGPU" "$SHIM" "$PY" "$LIBCUDA"; do [ -e "$f" ] || { echo "FAIL: no $f"; exit 2; }; done
+[ -n "$CG" ] || { echo "FAIL: no cgroup2 mount"; exit 2; }
+WORK=$(mktemp -d /tmp/fgpu-real.XXXX)
+TENANTS="a b c"
+# The CLI's door: the admin socket where the agent has one (`fgpu agent --help`).
+ADMIN_ARGS=()
+"$FGPU" agent --help 2>/dev/null | grep -q -- --admin-socket && ADMIN_ARGS=(--admin-socket "$ADMIN")
+cli_sock() { if [ ${#ADMIN_ARGS[@]} -gt 0 ]; then echo "$ADMIN"; else echo "$SOCK"; fi; }
+
+agent_pid=""
+wd_pid=""
+reported=""
+cleanup() {
+  [ -n "$wd_pid" ] && kill "$wd_pid" 2>/dev/null
+  reap 2>/dev/null
+  for n in $TENANTS; do rmdir "$CG/fgpu-real-$n" 2>/dev/null; done
+  stop_agent
+  rm -rf "$WORK"
+  [ -n "$reported" ] || report
+}
+report() {
+  reported=1
+  echo
+  echo "================ compute shares, everyday workloads, on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) ================"
+  "$PY" "$HERE/compute_real.py" --runs "$RUNS" --out "$OUT" | tee "$OUT/compute_real.txt"
+  return "${PIPESTATUS[0]}"
+}
+start_agent() {
+  rm -rf "$BPF"; rm -f "$SOCK" "$ADMIN"
+  FGPU_LOG= "$FGPU" agent --socket "$SOCK" "${ADMIN_ARGS[@]}" --libcuda "$LIBCUDA" --bpf-dir "$BPF" \
+    --state-dir "$WORK/state" --log "${AGENT_LOG:-info,fgpu::agent::compute=debug}" >> "$OUT/agent.log" 2>&1 &
+  agent_pid=$!
+  for _ in $(seq 150); do [ -S "$(cli_sock)" ] && break; kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.1; done
+  [ -S "$(cli_sock)" ] || { echo "FAIL: agent did not start"; tail -20 "$OUT/agent.log"; exit 1; }
+}
+stop_agent() {
+  [ -n "$agent_pid" ] && { kill "$agent_pid" 2>/dev/null; wait "$agent_pid" 2>/dev/null; }
+  agent_pid=""
+  rm -rf "$BPF"; rm -f "$SOCK" "$ADMIN"
+}
+fgpu() { "$FGPU" "$@" --socket "$(cli_sock)"; }
+limits() { # "A_ARGS" "B_ARGS" "C_ARGS": replace the cgroups' limits ("" = none)
+  local n args i=0
+  local -a all=("$@")
+  for n in $TENANTS; do
+    args=${all[$i]:-}; i=$((i + 1))
+    fgpu limit rm "/fgpu-real-$n" >> "$OUT/limits.log" 2>&1
+    # shellcheck disable=SC2086
+    [ -n "$args" ] && { fgpu limit set "/fgpu-real-$n" $args >> "$OUT/limits.log" 2>&1 \
+      || { echo "FAIL: fgpu limit set /fgpu-real-$n $args"; tail -5 "$OUT/limits.log"; exit 1; }; }
+  done
+}
+in_container() { # NAME CMD...
+  local n=$1; shift
+  sh -c "echo \$\$ > $CG/fgpu-real-$n/cgroup.procs; exec unshare --pid --fork --mount-proc --kill-child \"\$@\"" sh "$@"
+}
+reap() {
+  local n
+  for n in $TENANTS; do
+    [ -n "$(cat "$CG/fgpu-real-$n/cgroup.procs" 2>/dev/null)" ] || continue
+    echo 1 > "$CG/fgpu-real-$n/cgroup.kill"
+    for _ in $(seq 30); do [ -n "$(cat "$CG/fgpu-real-$n/cgroup.procs")" ] || break; sleep 0.1; done
+  done
+}
+# worker PHASE TENANT N ROLE MODE SECS WARM GO: one worker in its container, in the background.
+worker() {
+  local phase=$1 t=$2 n=$3 role=$4 mode=$5 secs=$6 warm=$7 go=$8
+  local -a envs
+  if [ "$mode" = fgpu ]; then envs=(env LD_PRELOAD="$SHIM" FGPU_SOCKET="$SOCK" FGPU_LOG=info)
+  else envs=(env -u LD_PRELOAD -u FGPU_SOCKET -u FGPU_LOG); fi
+  in_container "$t" timeout -k 5 $((120 + warm + secs)) "${envs[@]}" "$PY" "$HERE/workloads.py" "$role" \
+    --seconds "$secs" --warmup "$warm" --ready "$WORK/$phase.$t.$n.ready" --go "$go" \
+    > "$OUT/$phase-$t-$n.log" 2>&1 &
+}
+record() { # PHASE TENANT N ROLE MODE RC
+  printf '{"phase":"%s","tenant":"%s","n":%d,"role":"%s","mode":"%s","rc":%d,"log":"%s"}\n' \
+    "$1" "$2" "$3" "$4" "$5" "$6" "$OUT/$1-$2-$3.log" >> "$RUNS"
+}
+# phase NAME TENANT:ROLE:MODE...  (a tenant named twice runs two processes in its container)
+phase() {
+  local name=$1; shift
+  local spec t role mode i ready pending start rc
+  local -a pids=() specs=("$@") idx=()
+  declare -A count=()
+  echo "== $name: $* (${WARM} s warm-up + ${SECS} s measured)"
+  for spec in "${specs[@]}"; do
+    IFS=: read -r t role mode <<< "$spec"
+    count[$t]=$(( ${count[$t]:-0} + 1 ))
+    idx+=("${count[$t]}")
+    worker "$name" "$t" "${count[$t]}" "$role" "$mode" "$SECS" "$WARM" "$WORK/$name.go"
+    pids+=($!)
+  done
+  for _ in $(seq 1200); do
+    ready=0 pending=0
+    for i in "${!specs[@]}"; do
+      if [ -f "$WORK/$name.${specs[$i]%%:*}.${idx[$i]}.ready" ]; then ready=$((ready + 1))
+      elif kill -0 "${pids[$i]}" 2>/dev/null; then pending=$((pending + 1)); fi
+    done
+    [ "$pending" = 0 ] && break
+    sleep 0.1
+  done
+  [ "$ready" = "${#specs[@]}" ] || echo "WARN: $name: $ready of ${#specs[@]} workers got ready"
+  start=$(awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }')
+  echo "$start" > "$WORK/$name.go.tmp" && mv "$WORK/$name.go.tmp" "$WORK/$name.go"
+  if [ -n "$agent_pid" ]; then
+    sleep "$(awk -v w="$WARM" -v s="$SECS" 'BEGIN { print w + s - 0.7 }')"
+    fgpu status --json > "$OUT/status-$name.json" 2>&1
+    fgpu status 2>&1 | sed 's/^/   /'
+  fi
+  for i in "${!specs[@]}"; do
+    wait "${pids[$i]}"; rc=$?
+    IFS=: read -r t role mode <<< "${specs[$i]}"
+    record "$name" "$t" "${idx[$i]}" "$role" "$mode" "$rc"
+    [ "$rc" = 0 ] || { echo "   $name/$t-${idx[$i]} exited $rc:"; tail -3 "$OUT/$name-$t-${idx[$i]}.log" | sed 's/^/   /'; }
+  done
+  reap
+}
+# The kill phase: cnn (a) and attn (b) at 50/50 under the agent for 16 s; at 5 s into the
+# measurement a's container is killed; at 7 s a new cnn process starts in it (8 s).
+kill_phase() {
+  local name=kill start pa pb pc t_kill
+  echo "== kill: a cnn 50 / b attn 50; a killed mid-run, then a new process in a"
+  worker kill a 1 cnn fgpu 16 "$WARM" "$WORK/kill.go"; pa=$!
+  worker kill b 1 attn fgpu 16 "$WARM" "$WORK/kill.go"; pb=$!
+  for _ in $(seq 1200); do
+    [ -f "$WORK/kill.a.1.ready" ] && [ -f "$WORK/kill.b.1.ready" ] && break
+    kill -0 $pa 2>/dev/null || break; kill -0 $pb 2>/dev/null || break
+    sleep 0.1
+  done
+  start=$(awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }')
+  echo "$start" > "$WORK/kill.go"
+  sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.5 + 5 }')"
+  t_kill=$(date +%s.%N)
+  echo 1 > "$CG/fgpu-real-a/cgroup.kill"
+  echo "{\"t_kill\": $t_kill}" > "$OUT/kill-time.json"
+  wait $pa; record kill a 1 cnn fgpu $?
+  sleep 1.5
+  date +%s.%N > "$WORK/kill.go2"
+  worker kill a 2 cnn fgpu 8 1 "$WORK/kill.go2"; pc=$!
+  sleep 6
+  fgpu status --json > "$OUT/status-kill.json" 2>&1
+  wait $pc; record kill a 2 cnn fgpu $?
+  wait $pb; record kill b 1 attn fgpu $?
+  reap
+}
+
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+( trap 'kill $s 2>/dev/null; exit 0' TERM; sleep "${DEADLINE:-560}" & s=$!; wait $s
+  echo "FAIL: compute_real.sh ran past ${DEADLINE:-560} s, stopping" >&2; kill -TERM $$ ) &
+wd_pid=$!
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "kernel: $(uname -r)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  "$PY" -c 'import torch, torchvision; print("torch", torch.__version__, "cuda", torch.version.cuda, "torchvision", torchvision.__version__)'
+  sha256sum "$SHIM" "$FGPU"
+  [ -f "$B/MANIFEST" ] && cat "$B/MANIFEST"
+} > "$OUT/environment.txt" 2>&1
+cat "$OUT/environment.txt"
+for n in $TENANTS; do mkdir -p "$CG/fgpu-real-$n" || exit 1; done
+reap
+want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
+
+phase ref-cnn a:cnn:bare
+phase ref-attn a:attn:bare
+{ want s3 || want s30 || want s50; } && phase ref-graph a:graph:bare
+want dec && phase ref-decoder a:decoder:bare
+{ want s30 || want s50 || want full; } && phase ref-matmul a:matmul:bare
+want mp && phase ref2p a:cnn:bare a:cnn:bare
+want s25 && phase slice25 a:cnn:bare b:attn:bare
+want dec && phase slicedec a:decoder:bare b:cnn:bare
+want s3 && phase slice3 a:cnn:bare b:attn:bare c:graph:bare
+
+start_agent
+if want s25; then limits "--compute 25" "--compute 75" ""; phase s25 a:cnn:fgpu b:attn:fgpu; fi
+if want dec; then limits "--compute 50" "--compute 50" ""; phase dec a:decoder:fgpu b:cnn:fgpu; fi
+if want mp; then limits "--compute 50" "--compute 50" ""; phase mp a:cnn:fgpu a:cnn:fgpu b:cnn:fgpu; fi
+if want s3; then limits "--compute 20" "--compute 30" "--compute 50"; phase s3 a:cnn:fgpu b:attn:fgpu c:graph:fgpu; fi
+if want kill; then limits "--compute 50" "--compute 50" ""; kill_phase; fi
+if want s30; then limits "--compute 30" "--compute 70" ""; phase s30 a:matmul:fgpu b:graph:fgpu; fi
+if want s50; then limits "--compute 50" "--compute 50" ""; phase s50 a:matmul:fgpu b:graph:fgpu; fi
+stop_agent
+if want full; then
+  n=0
+  for mode in bare fgpu fgpu bare; do
+    n=$((n + 1))
+    if [ "$mode" = fgpu ]; then
+      [ -n "$agent_pid" ] || { start_agent; limits "--compute 100" "" ""; }
+      phase "full$n" a:matmul:fgpu
+    else
+      stop_agent
+      phase "bare$n" a:matmul:bare
+    fi
+  done
+  stop_agent
+fi
+kill "$wd_pid" 2>/dev/null
+wd_pid=""
+report
+exit $?
