@@ -206,6 +206,7 @@ syms! {
     CU_EVENT_ELAPSED_TIME_V2 Cuda c"cuEventElapsedTime_v2":
         fn(*mut f32, Handle, Handle) -> CUresult;
     CU_STREAM_IS_CAPTURING Cuda c"cuStreamIsCapturing": fn(Handle, *mut c_int) -> CUresult;
+    CU_STREAM_QUERY Cuda c"cuStreamQuery": fn(Handle) -> CUresult;
     CU_THREAD_EXCHANGE_STREAM_CAPTURE_MODE Cuda c"cuThreadExchangeStreamCaptureMode":
         fn(*mut c_int) -> CUresult;
 

@@ -40,9 +40,10 @@ fn gapped(ms: u64) -> Vec<String> {
     steps(ms, 10, 2000)
 }
 
-/// One 1 ms kernel, a sync and 3 ms of host time per step (a decoder streaming tokens).
+/// One 1 ms kernel, a sync and 4 ms of host time per step (a decoder streaming tokens, a
+/// small-batch inference server).
 fn latency_bound(ms: u64) -> Vec<String> {
-    steps(ms, 1, 3000)
+    steps(ms, 1, 4000)
 }
 
 fn steps(ms: u64, k: u64, gap_us: u64) -> Vec<String> {
@@ -231,7 +232,7 @@ fn privileged_a_two_process_container_gets_one_share() {
     within(one, 50.0, 3.0, "one-process container", &ctx);
 }
 
-/// A tenant that does little GPU work per step and waits for it (1 ms kernel, sync, 3 ms of
+/// A tenant that does little GPU work per step and waits for it (1 ms kernel, sync, 4 ms of
 /// host time) at 50% next to a saturating tenant at 50%: it gets at least half its solo step
 /// rate, and so does the neighbour (today's turn-taking alone would make each of its steps
 /// wait for the neighbour's turn).

@@ -155,29 +155,31 @@ phase() {
   done
   reap
 }
-# The kill phase: cnn (a) and attn (b) at 50/50 under the agent for 16 s; at 5 s into the
-# measurement a's container is killed; at 7 s a new cnn process starts in it (8 s).
+# The kill phase: cnn (a) and attn (b) at 50/50 under the agent for 16 s. A second cnn
+# process in a's container is set up beside the first but waits at its own start line (like
+# a supervisor's replacement worker). 5 s into the measurement the first one is SIGKILLed;
+# 1.5 s later the second starts (1 s warm-up + 8 s measured, inside b's run).
 kill_phase() {
-  local name=kill start pa pb pc t_kill
-  echo "== kill: a cnn 50 / b attn 50; a killed mid-run, then a new process in a"
+  local pa pb pc victim
+  echo "== kill: a cnn 50 / b attn 50; a's process SIGKILLed mid-run, then a new one in a"
   worker kill a 1 cnn fgpu 16 "$WARM" "$WORK/kill.go"; pa=$!
   worker kill b 1 attn fgpu 16 "$WARM" "$WORK/kill.go"; pb=$!
+  worker kill a 2 cnn fgpu 8 1 "$WORK/kill.go2"; pc=$!
   for _ in $(seq 1200); do
-    [ -f "$WORK/kill.a.1.ready" ] && [ -f "$WORK/kill.b.1.ready" ] && break
-    kill -0 $pa 2>/dev/null || break; kill -0 $pb 2>/dev/null || break
+    [ -f "$WORK/kill.a.1.ready" ] && [ -f "$WORK/kill.b.1.ready" ] && [ -f "$WORK/kill.a.2.ready" ] && break
+    kill -0 $pa 2>/dev/null && kill -0 $pb 2>/dev/null && kill -0 $pc 2>/dev/null || break
     sleep 0.1
   done
-  start=$(awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }')
-  echo "$start" > "$WORK/kill.go"
+  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/kill.go"
   sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.5 + 5 }')"
-  t_kill=$(date +%s.%N)
-  echo 1 > "$CG/fgpu-real-a/cgroup.kill"
-  echo "{\"t_kill\": $t_kill}" > "$OUT/kill-time.json"
+  victim=$(pgrep -f "kill\.a\.1\.ready" | while read -r p; do
+    grep -q workloads.py "/proc/$p/cmdline" 2>/dev/null && ! grep -q timeout "/proc/$p/comm" && echo "$p"; done | tail -1)
+  echo "{\"t_kill\": $(date +%s.%N), \"pid\": ${victim:-0}}" > "$OUT/kill-time.json"
+  [ -n "$victim" ] && kill -KILL "$victim"
   wait $pa; record kill a 1 cnn fgpu $?
   sleep 1.5
   date +%s.%N > "$WORK/kill.go2"
-  worker kill a 2 cnn fgpu 8 1 "$WORK/kill.go2"; pc=$!
-  sleep 6
+  sleep 5
   fgpu status --json > "$OUT/status-kill.json" 2>&1
   wait $pc; record kill a 2 cnn fgpu $?
   wait $pb; record kill b 1 attn fgpu $?

@@ -64,10 +64,18 @@ impl SlotCompute {
         }
     }
 
-    /// A batch of estimated `est_ns` was queued on the device.
+    /// A batch of estimated `est_ns` was queued on the device (counted from its first launch:
+    /// whatever is launched runs, closed into a batch or not).
     pub fn queued(&self, est_ns: i64) {
         self.inflight.fetch_add(1, Relaxed);
         self.queued_ns.fetch_add(est_ns, Relaxed);
+    }
+
+    /// More estimated work went into a batch counted with [`queued`](Self::queued).
+    pub fn add_queued(&self, est_ns: i64) {
+        if est_ns != 0 {
+            self.queued_ns.fetch_add(est_ns, Relaxed);
+        }
     }
 
     /// A batch queued with [`queued`](Self::queued) completed (or will never be seen to).

@@ -16,7 +16,7 @@ use fgpu_common::ledger::SlotCompute;
 use super::budget::{self, Dev};
 use super::driver::{
     CU_EVENT_BLOCKING_SYNC, CU_EVENT_DEFAULT, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, RelaxedCapture,
-    capturing, elapsed_ns, event_create, event_query, event_record, event_sync,
+    capturing, elapsed_ns, event_create, event_query, event_record, event_sync, stream_idle,
 };
 use super::streams::{Inner, Stream};
 use super::{Kind, STATS, now_ns};
@@ -154,9 +154,61 @@ pub fn open_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8, kind: Kind, now
         n: 0,
         kind,
         at: now,
-        counted: None,
+        // Queued work from its first launch on: the controller's drain waits for it.
+        counted: budget::queued(d, m, 0),
     });
     true
+}
+
+/// Adds a launch's estimate to the open batch (and to the process's queued work).
+pub fn add_to_open(inner: &mut Inner, est: i64) -> Option<&mut Batch> {
+    let b = inner.open.as_mut()?;
+    b.est += est;
+    b.n += 1;
+    if let Some(c) = b.counted {
+        c.add_queued(est);
+    }
+    Some(b)
+}
+
+/// Drops the open batch (the process exits): out of the process's queued work.
+pub fn forget_open(inner: &mut Inner) {
+    if let Some(b) = inner.open.take() {
+        forget(&b);
+    }
+}
+
+/// A batch that will never be measured: out of the process's queued work.
+fn forget(b: &Batch) {
+    if let Some(c) = b.counted {
+        c.done(b.est);
+    }
+}
+
+/// Closes the open batch when the stream paused (or before a wait): if the stream has run
+/// dry meanwhile, an end event recorded now would count the idle time as the batch's, so a
+/// batch whose cost per launch is known is accounted by its estimate instead (no event).
+/// Otherwise as [`close_batch`].
+pub fn close_after_pause(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
+    let known = inner.open.is_some_and(|b| inner.known[b.kind as usize]);
+    if known && inner.out == 0 && stream_idle(inner.rec) {
+        let Some(mut b) = inner.open.take() else {
+            return;
+        };
+        let stray = s.stray_est.swap(0, Relaxed);
+        b.est += stray;
+        b.n += s.stray_n.swap(0, Relaxed);
+        if let Some(c) = b.counted {
+            c.add_queued(stray);
+        }
+        if b.n > 0 {
+            budget::measured(d, m, b.est);
+            STATS.estimated_batches.fetch_add(1, Relaxed);
+        }
+        forget(&b);
+        return;
+    }
+    close_batch(s, inner, d, m);
 }
 
 /// Closes the open batch after its last launch: records its end event (unless the stream is
@@ -165,13 +217,19 @@ pub fn close_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
     let Some(mut b) = inner.open.take() else {
         return;
     };
-    b.est += s.stray_est.swap(0, Relaxed);
+    let stray = s.stray_est.swap(0, Relaxed);
+    b.est += stray;
     b.n += s.stray_n.swap(0, Relaxed);
+    if let Some(c) = b.counted {
+        c.add_queued(stray);
+    }
     if b.n == 0 {
+        forget(&b);
         return;
     }
     if capturing(inner.rec) {
         budget::charge_local(d, m, -b.est);
+        forget(&b);
         return;
     }
     let max_out = if inner.known[b.kind as usize] {
@@ -191,9 +249,9 @@ pub fn close_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
     if !(ensure_event(&mut inner.ev_end[p], CU_EVENT_BLOCKING_SYNC)
         && event_record(inner.ev_end[p], inner.rec))
     {
+        forget(&b);
         return; // charged by estimate only
     }
-    b.counted = budget::queued(d, m, b.est);
     inner.queued += b.est;
     inner.ring[p] = b;
     inner.out += 1;

@@ -100,6 +100,17 @@ pub fn event_query(ev: usize) -> CUresult {
     }
 }
 
+/// Whether everything queued on `stream` has completed (false on any error, e.g. a capturing
+/// stream: then the caller takes the ordinary path).
+pub fn stream_idle(stream: usize) -> bool {
+    let Some(f) = real::CU_STREAM_QUERY.get() else {
+        return false;
+    };
+    let _relaxed = RelaxedCapture::enter();
+    // SAFETY: cuStreamQuery(CUstream) on the caller's stream; it only reports.
+    unsafe { f(stream as Handle) == CUDA_SUCCESS }
+}
+
 pub fn event_sync(ev: usize) -> CUresult {
     match real::CU_EVENT_SYNCHRONIZE.get() {
         // SAFETY: cuEventSynchronize(CUevent) on our event.

@@ -81,6 +81,8 @@ pub struct Stats {
     pub wait_ns: AtomicU64,
     pub sync_ns: AtomicU64,
     pub gated_launches: AtomicU64,
+    /// Batches accounted by estimate (the stream had run dry when they were closed).
+    pub estimated_batches: AtomicU64,
 }
 
 pub static STATS: Stats = Stats {
@@ -93,6 +95,7 @@ pub static STATS: Stats = Stats {
     wait_ns: AtomicU64::new(0),
     sync_ns: AtomicU64::new(0),
     gated_launches: AtomicU64::new(0),
+    estimated_batches: AtomicU64::new(0),
 };
 
 pub fn now_ns() -> u64 {
@@ -246,6 +249,7 @@ fn forget_outstanding() {
             continue;
         };
         let inner = g.inner();
+        batch::forget_open(inner);
         while inner.out > 0 {
             batch::pop_oldest(inner);
         }
@@ -259,10 +263,11 @@ extern "C" fn report() {
     forget_outstanding();
     let s = &STATS;
     info!(
-        "compute gate: launches={} batches={} events_created={} events_recorded={} \
-         measured_ms={} capture_skips={} waits={} wait_ms={} sync_ms={}",
+        "compute gate: launches={} batches={} estimated_batches={} events_created={} \
+         events_recorded={} measured_ms={} capture_skips={} waits={} wait_ms={} sync_ms={}",
         s.gated_launches.load(Relaxed),
         s.batches.load(Relaxed),
+        s.estimated_batches.load(Relaxed),
         s.events_created.load(Relaxed),
         s.events_recorded.load(Relaxed),
         s.measured_ns.load(Relaxed) / 1_000_000,
@@ -300,7 +305,7 @@ pub fn launch(kind: Kind, stream: Handle, ptsz: bool, call: impl FnOnce() -> CUr
         if let Some(g) = s.try_own()
             && s.key.load(Acquire) == key
         {
-            batch::close_batch(s, g.inner(), d, m);
+            batch::close_after_pause(s, g.inner(), d, m);
         }
     };
     let paused = now.saturating_sub(prev) > GAP_NS;
@@ -356,14 +361,13 @@ pub fn launch(kind: Kind, stream: Handle, ptsz: bool, call: impl FnOnce() -> CUr
         0 => BATCH_GPU_NS,
         bound => (bound / 2).clamp(MIN_BATCH_GPU_NS, BATCH_GPU_NS),
     };
+    let known = inner.known[k];
     let close = {
-        let Some(b) = inner.open.as_mut() else {
+        let Some(b) = batch::add_to_open(inner, est) else {
             return rc;
         };
-        b.est += est;
-        b.n += 1;
         kind == Kind::Graph
-            || !inner.known[k]
+            || !known
             || b.est >= batch_gpu
             || now_ns().saturating_sub(b.at) >= BATCH_HOST_NS
     };

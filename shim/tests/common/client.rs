@@ -4,7 +4,7 @@
 //! point from `cuGetProcAddress_v2`. One output line per result.
 //!
 //! Modes: `race THREADS CHUNK_MIB CHURN`, `fork`, `fork-fresh`, `nvml2`, `rtld`, `probe`,
-//! `watch-total`.
+//! `watch-total`, `tamper`, `forged-hello KIND`.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -412,6 +412,145 @@ fn watch_total() {
     }
 }
 
+/// This process's descriptor whose /proc/self/fd link starts with `/memfd:NAME`.
+fn own_memfd(name: &str) -> Option<i32> {
+    std::fs::read_dir("/proc/self/fd").ok()?.find_map(|e| {
+        let e = e.ok()?;
+        let target = std::fs::read_link(e.path()).ok()?;
+        target
+            .to_string_lossy()
+            .starts_with(&format!("/memfd:{name}"))
+            .then(|| e.file_name().to_string_lossy().parse().ok())?
+    })
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// `tamper`: takes the agent's ledger (an allocation through the shim), then tries to resize
+/// and reseal the usage memfd it was handed and to get the limits page writable. One line
+/// per attempt (`tamper OP rc=R errno=E`), then it holds its memory 1.5 s (the agent keeps
+/// reading the ledger meanwhile) and prints `tamper done`.
+fn tamper() {
+    let cuda = Cuda::open().expect("libcuda.so.1");
+    out(format!("tamper alloc {:?}", cuda.alloc(64 << 20)));
+    let usage = own_memfd("fgpu-usage").expect("a usage memfd from the agent");
+    let report = |op: &str, rc: i64| out(format!("tamper {op} rc={rc} errno={}", errno()));
+    // SAFETY: system calls on our own descriptors; refusing them is what is tested.
+    unsafe {
+        report("shrink", i64::from(libc::ftruncate(usage, 4096)));
+        report("grow", i64::from(libc::ftruncate(usage, 64 << 20)));
+        report(
+            "seal-write",
+            i64::from(libc::fcntl(usage, libc::F_ADD_SEALS, libc::F_SEAL_WRITE)),
+        );
+        report(
+            "seal-future-write",
+            i64::from(libc::fcntl(
+                usage,
+                libc::F_ADD_SEALS,
+                libc::F_SEAL_FUTURE_WRITE,
+            )),
+        );
+    }
+    if let Some(limits) = own_memfd("fgpu-limits") {
+        // SAFETY: as above; a writable mapping of the limits page must be refused.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                limits,
+                0,
+            )
+        };
+        report(
+            "map-limits-writable",
+            if p == libc::MAP_FAILED { -1 } else { 0 },
+        );
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    out(format!("tamper done info={:?}", cuda.info()));
+}
+
+/// `forged-hello KIND`: a Hello to the agent socket ($FGPU_SOCKET) offering a usage memfd
+/// that must not be adopted — 1: unsealed, right size; 2: sealed, wrong size; 3: sealed
+/// against writes; 4: not a memfd (/dev/zero). Prints `forged reply kind=K text=T`.
+fn forged_hello(args: &[u64]) {
+    let kind = args.first().copied().unwrap_or(1);
+    let size = fgpu_common::ledger::USAGE_SIZE as i64;
+    let grow_shrink_seal = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: creating and shaping descriptors of our own.
+    let fd = unsafe {
+        if kind == 4 {
+            libc::open(c"/dev/zero".as_ptr(), libc::O_RDWR)
+        } else {
+            let fd = libc::memfd_create(c"fgpu-usage".as_ptr(), libc::MFD_ALLOW_SEALING);
+            libc::ftruncate(fd, if kind == 2 { 4096 } else { size });
+            match kind {
+                2 => libc::fcntl(fd, libc::F_ADD_SEALS, grow_shrink_seal),
+                3 => libc::fcntl(
+                    fd,
+                    libc::F_ADD_SEALS,
+                    grow_shrink_seal | libc::F_SEAL_FUTURE_WRITE,
+                ),
+                _ => 0,
+            };
+            fd
+        }
+    };
+    assert!(fd >= 0);
+    let path = std::env::var("FGPU_SOCKET").expect("FGPU_SOCKET");
+    let sock = std::os::unix::net::UnixStream::connect(&path).expect("connecting the agent");
+    let payload = fgpu_common::proto::shim::HelloPayload {
+        version: fgpu_common::proto::shim::VERSION,
+        flags: fgpu_common::proto::shim::HELLO_HAS_USAGE_FD,
+    }
+    .encode();
+    let mut frame = Vec::new();
+    frame.extend_from_slice(&fgpu_common::proto::MAGIC);
+    frame.extend_from_slice(&fgpu_common::proto::VERSION.to_le_bytes());
+    frame.extend_from_slice(&(fgpu_common::proto::Kind::Hello as u16).to_le_bytes());
+    frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&payload);
+    use std::os::fd::AsRawFd;
+    // SAFETY: sendmsg with one iovec over `frame` and one SCM_RIGHTS control message holding
+    // `fd`, in a buffer sized by CMSG_SPACE.
+    unsafe {
+        let mut iov = libc::iovec {
+            iov_base: frame.as_mut_ptr().cast(),
+            iov_len: frame.len(),
+        };
+        let space = libc::CMSG_SPACE(4) as usize;
+        let mut cbuf = vec![0u8; space];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+        libc::CMSG_DATA(c).cast::<i32>().write_unaligned(fd);
+        assert!(libc::sendmsg(sock.as_raw_fd(), &msg, 0) > 0, "sendmsg");
+    }
+    let mut head = [0u8; 12];
+    use std::io::Read;
+    let mut r = &sock;
+    r.read_exact(&mut head).expect("a reply header");
+    let k = u16::from_le_bytes([head[6], head[7]]);
+    let len = u32::from_le_bytes([head[8], head[9], head[10], head[11]]) as usize;
+    let mut body = vec![0u8; len.min(1 << 16)];
+    r.read_exact(&mut body).expect("the reply's payload");
+    out(format!(
+        "forged reply kind={k:#x} text={}",
+        String::from_utf8_lossy(&body).replace('\n', " ")
+    ));
+}
+
 /// Runs the client selected by FGPU_TEST_CLIENT, if any; returns false if none.
 pub fn main() -> bool {
     let Ok(mode) = std::env::var("FGPU_TEST_CLIENT") else {
@@ -430,6 +569,8 @@ pub fn main() -> bool {
         "rtld" => rtld(),
         "probe" => probe(),
         "watch-total" => watch_total(),
+        "tamper" => tamper(),
+        "forged-hello" => forged_hello(&args),
         other => panic!("unknown client mode {other}"),
     }
     true

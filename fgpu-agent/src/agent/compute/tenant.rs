@@ -55,6 +55,8 @@ pub struct Tenant {
     duty_turn: u64,
     duty_gpu: u64,
     pub held: Option<Held>,
+    /// It may co-run from this time on (ns; a cool-down after it was sent back to turns).
+    pub corun_after: u64,
     /// Device time held in turns, ns (only grows; also in the ledger for status).
     pub turn_total: u64,
     pub seen: bool,
@@ -82,6 +84,7 @@ impl Tenant {
             duty_turn: 0,
             duty_gpu: 0,
             held: None,
+            corun_after: 0,
             turn_total: 0,
             seen: true,
             history: VecDeque::new(),
