@@ -434,6 +434,8 @@ fn errno() -> i32 {
 /// reading the ledger meanwhile) and prints `tamper done`.
 fn tamper() {
     let cuda = Cuda::open().expect("libcuda.so.1");
+    let ctx = cuda.context().expect("context");
+    cuda.set_current(ctx);
     out(format!("tamper alloc {:?}", cuda.alloc(64 << 20)));
     let usage = own_memfd("fgpu-usage").expect("a usage memfd from the agent");
     let report = |op: &str, rc: i64| out(format!("tamper {op} rc={rc} errno={}", errno()));
@@ -454,23 +456,22 @@ fn tamper() {
             )),
         );
     }
-    if let Some(limits) = own_memfd("fgpu-limits") {
-        // SAFETY: as above; a writable mapping of the limits page must be refused.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                limits,
-                0,
-            )
-        };
-        report(
-            "map-limits-writable",
-            if p == libc::MAP_FAILED { -1 } else { 0 },
-        );
-    }
+    // The limits page as the shim mapped it (its descriptor is closed once mapped).
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let start = maps
+        .lines()
+        .find(|l| l.contains("memfd:fgpu-limits"))
+        .and_then(|l| usize::from_str_radix(l.split('-').next()?, 16).ok())
+        .expect("the limits page is mapped");
+    // SAFETY: asking for write access to our own mapping of the limits page; must fail.
+    let rc = unsafe {
+        libc::mprotect(
+            start as *mut c_void,
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+        )
+    };
+    report("mprotect-limits-writable", i64::from(rc));
     std::thread::sleep(std::time::Duration::from_millis(1500));
     out(format!("tamper done info={:?}", cuda.info()));
 }
