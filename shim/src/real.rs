@@ -9,7 +9,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering::Acquire, Ordering::Release};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Acquire, Ordering::Release};
 
 pub type CUresult = c_int;
 pub type CUdevice = c_int;
@@ -35,6 +35,10 @@ const LIB_NAMES: [&CStr; 2] = [c"libcuda.so.1", c"libnvidia-ml.so.1"];
 
 /// Library handles (0 = not found yet).
 static HANDLES: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+/// Whether every entry point of a library has been looked up in its loaded handle: an entry
+/// point still unresolved then is missing from this driver, and is not looked up again on
+/// every use (a failing `dlsym` costs microseconds: it formats an error message).
+static RESOLVED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
 
 /// One entry point: its name, library and resolved address (0 = unresolved).
 pub struct Raw {
@@ -55,7 +59,7 @@ impl Raw {
     /// The address, resolving the library on first need; 0 if unavailable.
     pub fn addr(&self) -> usize {
         match self.loaded() {
-            0 => {
+            0 if !RESOLVED[self.lib as usize].load(Acquire) => {
                 resolve(self.lib, false);
                 self.loaded()
             }
@@ -353,6 +357,7 @@ pub fn resolve(lib: Lib, load: bool) -> bool {
             }
         }
     }
+    RESOLVED[lib as usize].store(true, Release);
     if lib == Lib::Cuda {
         crate::hook::install(&crate::launch::hook_entries());
     }

@@ -191,6 +191,7 @@ fn forget(b: &Batch) {
 /// Otherwise as [`close_batch`].
 pub fn close_after_pause(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
     let known = inner.open.is_some_and(|b| inner.known[b.kind as usize]);
+    settle_ready(s, inner, d, m);
     if known && inner.out == 0 && stream_idle(inner.rec) {
         let Some(mut b) = inner.open.take() else {
             return;
