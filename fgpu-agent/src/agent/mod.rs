@@ -99,6 +99,8 @@ pub fn run(args: AgentArgs) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log)?)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: log files and journals get plain `key=value` fields.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let host = preflight::check()?;
     let limits = limits::LimitStore::open(&args.state_dir)?;

@@ -209,18 +209,27 @@ impl Conn {
                     frame_deadline = Some(Instant::now() + limits.frame_timeout);
                 }
                 let recv = scm::recv(&stream, &mut chunk);
-                let (n, received) = match (frame_deadline, said_hello) {
+                let received = match (frame_deadline, said_hello) {
                     (Some(deadline), _) => timeout_at(deadline, recv).await.map_err(|_| {
                         anyhow::anyhow!(
                             "a frame took longer than {:?} to arrive",
                             limits.frame_timeout
                         )
-                    })??,
+                    })?,
                     (None, false) => timeout(limits.idle_timeout, recv).await.map_err(|_| {
                         anyhow::anyhow!("idle for {:?} without a request", limits.idle_timeout)
-                    })??,
+                    })?,
                     // A shim holds its connection open to notice an agent restart.
-                    (None, true) => recv.await?,
+                    (None, true) => recv.await,
+                };
+                let (n, received) = match received {
+                    Ok(r) => r,
+                    Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
+                        self.send(&stream, Frame::new(Kind::Error, err.to_string()))
+                            .await?;
+                        return Err(err.into());
+                    }
+                    Err(err) => return Err(err.into()),
                 };
                 if n == 0 {
                     return Ok(());

@@ -108,6 +108,11 @@ impl Agent {
         self.process.log_text()
     }
 
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// Runs `fgpu ARGS... --socket <this agent's admin socket>`.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         let mut all: Vec<&str> = args.to_vec();
