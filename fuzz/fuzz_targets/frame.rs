@@ -24,7 +24,9 @@ fuzz_target!(|data: &[u8]| {
                         assert!(frame.payload.len() <= max);
                         assert_eq!(before - buf.len(), HEADER_LEN + frame.payload.len());
                         let mut again = BytesMut::new();
-                        frame.encode(&mut again).expect("a decoded frame re-encodes");
+                        frame
+                            .encode(&mut again)
+                            .expect("a decoded frame re-encodes");
                         assert_eq!(&again[..], &rest[consumed..consumed + again.len()]);
                         consumed += again.len();
                     }
