@@ -209,6 +209,32 @@ fn privileged_root_in_a_container_cannot_set_remove_or_read_limits_through_any_s
         ],
     );
     assert_eq!(audit.len(), 1, "no audit line:\n{}", agent.log_text());
+
+    // `fgpu run`'s limit changes are audited the same way.
+    let name = unique("trust-run");
+    ok(&fgpu(&[
+        "run",
+        "--socket",
+        admin,
+        "--shim-socket",
+        containers,
+        "--name",
+        &name,
+        "--memory",
+        "1GiB",
+        "--",
+        "true",
+    ]));
+    let run_cgroup = format!("cgroup=\"/fgpu/{name}\"");
+    for what in ["limit set", "limit removed"] {
+        let lines = log_lines(&agent, &[what, &run_cgroup, "door=\"admin\"", "uid=0"]);
+        assert_eq!(
+            lines.len(),
+            1,
+            "`fgpu run`'s {what} is not audited:\n{}",
+            agent.log_text()
+        );
+    }
 }
 
 /// Attacks on the containers' socket; each mode prints one JSON line of what it saw.
@@ -295,6 +321,21 @@ elif mode == "slow":
                     p.unregister(fd)
     out["slow_closed_after_s"] = [closed.get(s.fileno()) for s in slow]
     out["idle_closed_after_s"] = closed.get(idle.fileno())
+elif mode == "status":
+    # Its own status, as fast as 32 connections can ask, for 5 s.
+    req = b"FGPU" + struct.pack("<HHI", 1, 1, 0)
+    conns = [conn() for _ in range(32)]
+    answered, other, end = 0, set(), time.monotonic() + 5
+    while time.monotonic() < end:
+        for s in conns:
+            s.sendall(req)
+        for s in conns:
+            r = answer(s, 5)
+            if r.startswith("kind 0x8001: "):
+                answered += 1
+            else:
+                other.add(r[:100])
+    out.update(answered=answered, other=sorted(other))
 print(json.dumps(out), flush=True)
 sys.stdin.read()
 "#;
@@ -352,7 +393,7 @@ fn privileged_floods_leave_the_agent_answering_the_host_within_100ms_and_admitti
     let state = SimState::new();
     let python = common::find_python();
     let sock = agent.socket.to_str().unwrap().to_string();
-    let modes = ["connections", "header", "fds", "slow"];
+    let modes = ["connections", "header", "fds", "slow", "status"];
     let cgroups: Vec<Cgroup> = modes
         .iter()
         .map(|m| Cgroup::new(&unique(&format!("fgpu-trust-{m}"))))
@@ -466,6 +507,9 @@ fn privileged_floods_leave_the_agent_answering_the_host_within_100ms_and_admitti
             "a slow peer was closed after {s} s: {slow}"
         );
     }
+    let spam = by_mode("status");
+    assert!(spam["answered"].as_u64().unwrap() > 32, "{spam}");
+    assert_eq!(spam["other"], serde_json::json!([]), "{spam}");
     let idle = slow["idle_closed_after_s"]
         .as_f64()
         .unwrap_or(f64::INFINITY);
@@ -483,4 +527,84 @@ fn privileged_floods_leave_the_agent_answering_the_host_within_100ms_and_admitti
         "{}",
         agent.log_text()
     );
+}
+
+/// `(soft, hard)` limit on open files of `pid`, from /proc.
+fn nofile(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let f: Vec<&str> = line.split_whitespace().collect();
+    (f[3].to_string(), f[4].to_string())
+}
+
+fn prlimit(pid: u32, soft: &str, hard: &str) {
+    let out = Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={soft}:{hard}"))
+        .output()
+        .expect("running prlimit");
+    assert!(out.status.success(), "prlimit: {}", stderr(&out));
+}
+
+#[test]
+fn privileged_running_out_of_descriptors_does_not_stop_the_agent() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let pid = agent.pid();
+    let (soft, hard) = nofile(pid);
+    // Leave the agent a handful of descriptors, then connect more peers than that.
+    // (The soft limit only: raising a hard limit back needs CAP_SYS_RESOURCE.)
+    let tight = (open_fds(pid) + 4).to_string();
+    prlimit(pid, &tight, &hard);
+    let peers: Vec<UnixStream> = (0..64)
+        .map(|_| UnixStream::connect(&agent.socket).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !agent
+        .log_text()
+        .contains("accepting a connection failed: Too many open files")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no EMFILE on accept:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    drop(peers);
+    prlimit(pid, &soft, &hard);
+
+    // Still serving: the host's status, and a new shim.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let ms = loop {
+        match UnixStream::connect(&agent.admin) {
+            Ok(_) => break status_round_trip(&agent.admin).0,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "the agent stopped serving: {e}\n{}",
+                agent.log_text()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    eprintln!("status after running out of descriptors: {ms:.2} ms");
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-trust-after-emfile"));
+    let python = common::find_python();
+    let mut shim = Load::spawn_program(
+        &cg,
+        &state.0,
+        &python,
+        &["-c", HELLO, agent.socket.to_str().unwrap()],
+    );
+    let hello: serde_json::Value = serde_json::from_str(&shim.expect_line("{")).unwrap();
+    assert_eq!(hello["kind"], 0x8010, "{hello}");
+    assert_eq!(hello["cgroup"], cg.path.as_str(), "{hello}");
+    shim.finish();
 }
