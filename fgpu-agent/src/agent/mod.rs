@@ -52,12 +52,14 @@ pub struct AgentArgs {
     admin_socket: PathBuf,
 
     /// Connections the containers' socket holds open at once (each shim keeps one).
-    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
 
     /// Connections one caller (a cgroup, i.e. a container) may hold open on the containers'
     /// socket at once; more are refused with an error.
-    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..))]
     max_connections_per_cgroup: u32,
 
     /// Where limits are kept across restarts.
@@ -102,6 +104,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         // Colour only on a terminal: log files and journals get plain `key=value` fields.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    server::check_paths(&args.admin_socket, &args.socket)?;
     let host = preflight::check()?;
     let limits = limits::LimitStore::open(&args.state_dir)?;
     let access = control::Access {
@@ -191,14 +194,25 @@ pub fn run(args: AgentArgs) -> Result<()> {
         );
         let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state)));
         let publisher_task = tokio::spawn(publisher::run(Arc::clone(&state)));
-        let containers_limits =
-            doors::Limits::containers(
+        let containers_limits = doors::Limits::containers(
             args.max_connections as usize,
             args.max_connections_per_cgroup as usize,
         );
+        let serve_containers = server::serve(
+            containers,
+            doors::Door::Containers,
+            containers_limits,
+            Arc::clone(&state),
+        );
+        let serve_admin = server::serve(
+            admin,
+            doors::Door::Admin,
+            doors::Limits::admin(),
+            Arc::clone(&state),
+        );
         let served = tokio::select! {
-            () = server::serve(containers, doors::Door::Containers, containers_limits, Arc::clone(&state)) => Ok(()),
-            () = server::serve(admin, doors::Door::Admin, doors::Limits::admin(), Arc::clone(&state)) => Ok(()),
+            () = serve_containers => Ok(()),
+            () = serve_admin => Ok(()),
             r = shutdown_signal() => r,
         };
         events_task.abort();

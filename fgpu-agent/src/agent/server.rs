@@ -59,17 +59,8 @@ pub fn bind_containers(path: &Path) -> Result<UnixListener> {
 /// directory made 0700 (0750) if the agent creates it. It must not lie inside the containers'
 /// socket directory, which is mounted into containers.
 pub fn bind_admin(path: &Path, containers: &Path, group: Option<u32>) -> Result<UnixListener> {
+    check_paths(path, containers)?;
     let dir = parent(path)?;
-    let containers_dir = parent(containers)?;
-    if absolute(path).starts_with(absolute(containers_dir)) {
-        bail!(
-            "--admin-socket {} is inside the containers' socket directory {} (which is mounted \
-             into containers): put it in a directory of its own, e.g. {}",
-            path.display(),
-            containers_dir.display(),
-            crate::DEFAULT_ADMIN_SOCKET
-        );
-    }
     if !dir.exists() {
         create_dir(dir, if group.is_some() { 0o750 } else { 0o700 })?;
         if let Some(gid) = group {
@@ -77,6 +68,23 @@ pub fn bind_admin(path: &Path, containers: &Path, group: Option<u32>) -> Result<
         }
     }
     bind_as(path, if group.is_some() { 0o660 } else { 0o600 }, group)
+}
+
+/// Refuses an admin socket inside the containers' socket directory (checked at start, before
+/// anything is loaded, and again at bind).
+pub fn check_paths(admin: &Path, containers: &Path) -> Result<()> {
+    let containers_dir = parent(containers)?;
+    parent(admin)?;
+    if absolute(admin).starts_with(absolute(containers_dir)) {
+        bail!(
+            "--admin-socket {} is inside the containers' socket directory {} (which is mounted \
+             into containers): put it in a directory of its own, e.g. {}",
+            admin.display(),
+            containers_dir.display(),
+            crate::DEFAULT_ADMIN_SOCKET
+        );
+    }
+    Ok(())
 }
 
 fn parent(path: &Path) -> Result<&Path> {
