@@ -351,3 +351,37 @@ async fn reply(stream: &UnixStream, frame: Frame) -> Result<()> {
     scm::send(stream, &out, &[]).await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn sockets_get_their_modes_and_a_running_agent_is_not_taken_over() {
+        let base = std::env::temp_dir().join(format!("fgpu-server-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let containers = base.join("run/fgpu.sock");
+        let admin = base.join("admin/fgpu.sock");
+        let _c = bind_containers(&containers).unwrap();
+        let _a = bind_admin(&admin, &containers, None).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&containers), 0o666);
+        assert_eq!(mode(&admin), 0o600);
+        assert_eq!(mode(admin.parent().unwrap()), 0o700);
+        let again = bind_containers(&containers).unwrap_err().to_string();
+        assert!(
+            again.contains("another fgpu agent is already serving"),
+            "{again}"
+        );
+        let inside = bind_admin(&base.join("run/admin.sock"), &containers, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            inside.contains("inside the containers' socket directory"),
+            "{inside}"
+        );
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
