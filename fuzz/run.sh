@@ -46,12 +46,15 @@ for t in "${targets[@]}"; do
     dirs=("$scratch/$t" "corpus/$t")
   fi
   echo "==> fuzzing $t for ${secs}s"
-  "$bin/$t" -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=1024 \
-    -print_final_stats=1 -artifact_prefix="artifacts/$t/" "${dirs[@]}" 2>"$scratch/$t.log" || {
+  TIMEFORMAT="cpu::$t: %R s wall, %U s user, %S s system"
+  rc=0
+  time "$bin/$t" -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=1024 \
+    -print_final_stats=1 -artifact_prefix="artifacts/$t/" "${dirs[@]}" 2>"$scratch/$t.log" || rc=$?
+  if [ "$rc" != 0 ]; then
     tail -40 "$scratch/$t.log"
     echo "fuzz target $t FAILED: the crashing input is in fuzz/artifacts/$t/" >&2
     exit 1
-  }
+  fi
   grep -E '^stat::number_of_executed_units|^stat::new_units_added|^#[0-9]+.*DONE' "$scratch/$t.log" || true
   echo "corpus/$t: $(find "corpus/$t" -type f | wc -l) inputs"
 done
