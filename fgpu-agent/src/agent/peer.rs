@@ -111,7 +111,11 @@ fn peer_pidfd(sock: RawFd, pid: Option<u32>) -> io::Result<OwnedFd> {
     if err.raw_os_error() != Some(libc::ENOPROTOOPT) && err.raw_os_error() != Some(libc::EINVAL) {
         return Err(err); // ESRCH: the peer has already exited
     }
-    let pid = pid.ok_or_else(|| io::Error::other("no peer credentials"))?;
+    pidfd_open(pid.ok_or_else(|| io::Error::other("no peer credentials"))?)
+}
+
+/// `pidfd_open(pid, 0)`: the fallback before Linux 6.5 (see the module's note on its window).
+fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open(pid, 0) has no memory arguments; it returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd < 0 {
@@ -178,10 +182,20 @@ fn ns_by_proc(pid: u32, index: usize) -> io::Result<NsId> {
 
 /// `Ok` if the pidfd's process is in the agent's PID, mount and user namespaces.
 fn same_namespaces(pidfd: &OwnedFd, pid: Option<u32>) -> Result<(), String> {
+    same_namespaces_by(pidfd, pid, false)
+}
+
+/// [`same_namespaces`]; `force_proc` takes the path of kernels without the pidfd ioctls.
+fn same_namespaces_by(pidfd: &OwnedFd, pid: Option<u32>, force_proc: bool) -> Result<(), String> {
     let own = own_namespaces();
     let mut via_proc = false;
     for (i, (name, request)) in NAMESPACES.iter().enumerate() {
-        let theirs = match ns_by_pidfd(pidfd, *request) {
+        let by_pidfd = if force_proc {
+            Err(io::Error::from_raw_os_error(libc::ENOTTY))
+        } else {
+            ns_by_pidfd(pidfd, *request)
+        };
+        let theirs = match by_pidfd {
             Ok(id) => id,
             Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)) => {
                 // A kernel before 6.11: read /proc, then confirm the pidfd below.
@@ -224,5 +238,61 @@ mod tests {
                 .clone()
                 .unwrap_or(format!("uid:{}", caller.peer.uid))
         );
+    }
+
+    #[test]
+    fn the_fallbacks_of_older_kernels_agree() {
+        // pidfd_open instead of SO_PEERPIDFD, /proc/PID/ns instead of the pidfd ioctls.
+        let me = std::process::id();
+        let pidfd = pidfd_open(me).unwrap();
+        assert!(alive(&pidfd));
+        assert_eq!(same_namespaces_by(&pidfd, Some(me), true), Ok(()));
+        assert_eq!(same_namespaces_by(&pidfd, Some(me), false), Ok(()));
+        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        assert_eq!(cgroup_of(&pidfd, me).as_deref(), unified_path(&text));
+    }
+
+    #[test]
+    fn privileged_a_process_in_its_own_pid_namespace_is_not_the_host_by_either_path() {
+        if !fgpu_testkit::privileged() {
+            return;
+        }
+        let mut unshare = std::process::Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--kill-child",
+                "sleep",
+                "10",
+            ])
+            .spawn()
+            .unwrap();
+        let children = format!("/proc/{0}/task/{0}/children", unshare.id());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let sleeper: u32 = loop {
+            let text = std::fs::read_to_string(&children).unwrap_or_default();
+            if let Some(pid) = text.split_whitespace().next() {
+                break pid.parse().unwrap();
+            }
+            assert!(std::time::Instant::now() < deadline, "no child of unshare");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        // Its mount namespace is set up by unshare before the exec: wait for the exec.
+        while std::fs::read_link(format!("/proc/{sleeper}/exe"))
+            .is_ok_and(|p| !p.ends_with("sleep"))
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let pidfd = pidfd_open(sleeper).unwrap();
+        for force_proc in [false, true] {
+            assert_eq!(
+                same_namespaces_by(&pidfd, Some(sleeper), force_proc),
+                Err("the caller is not in the agent's PID namespace".to_string()),
+                "force_proc {force_proc}"
+            );
+        }
+        let _ = unshare.kill();
+        let _ = unshare.wait();
     }
 }
