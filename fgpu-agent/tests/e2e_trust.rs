@@ -298,14 +298,18 @@ elif mode == "fds":
 elif mode == "slow":
     hello = b"FGPU" + struct.pack("<HHI", 1, 16, 8) + struct.pack("<II", 1, 0)
     idle = conn()
+    # A Hello the agent refuses does not earn a shim's right to stay idle.
+    bad = conn()
+    bad.sendall(b"FGPU" + struct.pack("<HHI", 1, 16, 8) + struct.pack("<II", 99, 0))
+    out["bad_hello"] = answer(bad, 5)
     slow = [conn() for _ in range(20)]
     start = time.monotonic()
     closed = {}
     p = select.poll()
-    for s in slow + [idle]:
+    for s in slow + [idle, bad]:
         p.register(s, select.POLLIN)
     byte = 0
-    while len(closed) < len(slow) + 1 and time.monotonic() - start < 20:
+    while len(closed) < len(slow) + 2 and time.monotonic() - start < 20:
         for s in slow:
             if s.fileno() not in closed and byte < len(hello):
                 try:
@@ -321,6 +325,7 @@ elif mode == "slow":
                     p.unregister(fd)
     out["slow_closed_after_s"] = [closed.get(s.fileno()) for s in slow]
     out["idle_closed_after_s"] = closed.get(idle.fileno())
+    out["bad_hello_closed_after_s"] = closed.get(bad.fileno())
 elif mode == "status":
     # Its own status, as fast as 32 connections can ask, for 5 s.
     req = b"FGPU" + struct.pack("<HHI", 1, 1, 0)
@@ -516,6 +521,17 @@ fn privileged_floods_leave_the_agent_answering_the_host_within_100ms_and_admitti
     assert!(
         (9.0..13.0).contains(&idle),
         "an idle peer was closed after {idle} s"
+    );
+    assert_eq!(
+        slow["bad_hello"], "error: shim protocol version 99 is not supported (agent speaks 1)",
+        "{slow}"
+    );
+    let bad = slow["bad_hello_closed_after_s"]
+        .as_f64()
+        .unwrap_or(f64::INFINITY);
+    assert!(
+        (9.0..13.0).contains(&bad),
+        "a refused Hello's peer stayed {bad} s"
     );
 
     for a in attackers {

@@ -256,7 +256,9 @@ impl Conn {
                 fds.extend(received);
             };
             if frame.kind == Kind::Hello {
-                said_hello = true;
+                // Only a well-formed Hello earns the shim's right to hold the connection idle.
+                said_hello |= shim::HelloPayload::decode(&frame.payload)
+                    .is_some_and(|h| h.version == shim::VERSION);
                 let fds = std::mem::take(&mut fds);
                 timeout(
                     limits.write_timeout,
