@@ -39,8 +39,8 @@ pub struct Limits {
     /// A frame must be complete this long after its first byte arrived.
     pub frame_timeout: Duration,
     /// A connection that has not said Hello is closed after this long without a request.
-    /// (A shim keeps its connection open to notice an agent restart: after a Hello there is
-    /// no idle limit.)
+    /// (A shim keeps its connection open to notice an agent restart: after a well-formed Hello
+    /// there is no idle limit.)
     pub idle_timeout: Duration,
     /// A reply must be taken by the peer within this long.
     pub write_timeout: Duration,
