@@ -9,8 +9,11 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-/// Default path of the agent's control socket.
+/// Default path of the containers' socket (the shim's default `FGPU_SOCKET`): Hello and the
+/// caller's own status only. Its directory is what gets mounted into containers.
 pub const DEFAULT_SOCKET: &str = "/run/fgpu/fgpu.sock";
+/// Default path of the admin socket (root-only, host-only): limits and the full status.
+pub const DEFAULT_ADMIN_SOCKET: &str = "/run/fgpu-admin/fgpu.sock";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -21,7 +24,12 @@ pub const DEFAULT_SOCKET: &str = "/run/fgpu/fgpu.sock";
                   using eBPF uprobes on the driver library, without the workload needing the \
                   host's PID namespace.\n\n\
                   Start the node agent as root with `fgpu agent` (or `fgpu agent --sim` on a \
-                  machine without a GPU), then look at usage with `fgpu status`."
+                  machine without a GPU), then look at usage with `fgpu status`.\n\n\
+                  The agent serves two sockets. The containers' socket /run/fgpu/fgpu.sock \
+                  (mount its directory and libfgpu.so into containers) answers a shim's Hello \
+                  and the caller's own status only. The admin socket \
+                  /run/fgpu-admin/fgpu.sock (root-only; never mount it into a container) is \
+                  where `fgpu limit` and the node's full `fgpu status` go."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -30,7 +38,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the node agent: load the eBPF probes and serve the control socket (needs root).
+    /// Run the node agent: load the eBPF probes and serve the containers' and the admin socket (needs root).
     Agent(agent::AgentArgs),
     /// Show GPU memory use per cgroup, as the kernel saw it.
     Status(cli::status::StatusArgs),
@@ -60,8 +68,24 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Where the CLI finds the agent: `--socket`, else `$FGPU_SOCKET`, else the default.
+/// Where the CLI sends its requests: `--socket`, else `$FGPU_ADMIN_SOCKET`, else the admin
+/// socket at its default path unless that does not exist (inside a container), else the
+/// containers' socket (`$FGPU_SOCKET` or its default), which answers `fgpu status` with the
+/// caller's own row and refuses the rest.
 pub fn socket_path(flag: Option<PathBuf>) -> PathBuf {
-    flag.or_else(|| std::env::var_os("FGPU_SOCKET").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+    if let Some(path) = flag.or_else(|| std::env::var_os("FGPU_ADMIN_SOCKET").map(PathBuf::from)) {
+        return path;
+    }
+    let admin = PathBuf::from(DEFAULT_ADMIN_SOCKET);
+    match std::fs::symlink_metadata(&admin) {
+        // Not there: we are not on the agent's host (or no agent runs).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => containers_socket(),
+        // There, or there but not ours to look at (not root): connecting says which.
+        _ => admin,
+    }
+}
+
+/// The containers' socket as a shim finds it: `$FGPU_SOCKET`, else the default.
+pub fn containers_socket() -> PathBuf {
+    std::env::var_os("FGPU_SOCKET").map_or_else(|| PathBuf::from(DEFAULT_SOCKET), PathBuf::from)
 }

@@ -101,4 +101,8 @@ pub struct StatusReport {
     pub counters: KernelCounters,
     /// Driver libraries the probes are attached to.
     pub libraries: Vec<String>,
+    /// True when the report is the caller's own cgroup only (the containers' socket's
+    /// answer): no node-wide counters or libraries then.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_only: bool,
 }

@@ -77,7 +77,7 @@ fn privileged_status_shows_bytes_of_exactly_the_allocating_cgroup() {
     );
 
     // The table a person reads says the same.
-    let out = fgpu(&["status", "--socket", agent.socket.to_str().unwrap()]);
+    let out = fgpu(&["status", "--socket", agent.admin.to_str().unwrap()]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     let line = table

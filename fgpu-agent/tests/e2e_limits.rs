@@ -70,7 +70,7 @@ fn privileged_limits_persist_across_restarts_and_bad_input_changes_nothing() {
             "--memory",
             "2GiB",
             "--socket",
-            agent.socket.to_str().unwrap(),
+            agent.admin.to_str().unwrap(),
         ])
         .uid(65534)
         .gid(65534)

@@ -9,12 +9,21 @@ use std::time::Duration;
 
 use common::{Agent, SimState, cgroup2_mount, privileged, sim_dir, unique};
 
-fn fgpu_run(socket: &str, state: &SimState, name: &str, args: &[&str]) -> Command {
+/// `fgpu run` asking the agent at `admin` for limits, its shim saying Hello on `shim`.
+fn fgpu_run(admin: &str, shim: &str, state: &SimState, name: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fgpu"));
-    cmd.args(["run", "--socket", socket, "--name", name])
-        .args(args)
-        .env("LD_LIBRARY_PATH", sim_dir())
-        .env("FGPU_SIM_STATE", &state.0);
+    cmd.args([
+        "run",
+        "--socket",
+        admin,
+        "--shim-socket",
+        shim,
+        "--name",
+        name,
+    ])
+    .args(args)
+    .env("LD_LIBRARY_PATH", sim_dir())
+    .env("FGPU_SIM_STATE", &state.0);
     cmd
 }
 
@@ -27,6 +36,7 @@ fn privileged_without_an_agent_fgpu_run_falls_back_to_standalone_and_cleans_up()
     let name = unique("e2e-run");
     let load = sim_dir().join("fgpu-sim-load");
     let out = fgpu_run(
+        "/nonexistent/fgpu.sock",
         "/nonexistent/fgpu.sock",
         &state,
         &name,
@@ -61,15 +71,17 @@ fn privileged_fgpu_run_passes_exit_status_and_signals_through() {
     let agent = Agent::start();
     let state = SimState::new();
     let sock = agent.socket.to_str().unwrap().to_string();
+    let admin = agent.admin.to_str().unwrap().to_string();
 
     let name = unique("e2e-exit");
-    let status = fgpu_run(&sock, &state, &name, &["--", "sh", "-c", "exit 7"])
+    let status = fgpu_run(&admin, &sock, &state, &name, &["--", "sh", "-c", "exit 7"])
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(7));
 
     let name = unique("e2e-signal");
     let mut child = fgpu_run(
+        &admin,
         &sock,
         &state,
         &name,
@@ -116,9 +128,10 @@ fn privileged_fgpu_run_with_an_agent_is_limited_and_leaves_nothing_behind() {
     let agent = Agent::start();
     let state = SimState::new();
     let sock = agent.socket.to_str().unwrap().to_string();
+    let admin = agent.admin.to_str().unwrap().to_string();
     let name = unique("e2e-run-agent");
     let load = sim_dir().join("fgpu-sim-load");
-    let out = fgpu_run(&sock, &state, &name, &["--memory", "1GiB", "--"])
+    let out = fgpu_run(&admin, &sock, &state, &name, &["--memory", "1GiB", "--"])
         .env("FGPU_CONTEXT_OVERHEAD", "300MiB")
         .arg(&load)
         .args([
@@ -180,8 +193,9 @@ fn privileged_fgpu_run_compute_cap_with_and_without_an_agent() {
     let agent = Agent::start();
     let state = SimState::new();
     let sock = agent.socket.to_str().unwrap().to_string();
+    let admin = agent.admin.to_str().unwrap().to_string();
     let name = unique("e2e-run-cap");
-    let out = fgpu_run(&sock, &state, &name, &["--compute-cap", "30", "--"])
+    let out = fgpu_run(&admin, &sock, &state, &name, &["--compute-cap", "30", "--"])
         .arg(&load)
         .args(work)
         .output()
@@ -201,6 +215,7 @@ fn privileged_fgpu_run_compute_cap_with_and_without_an_agent() {
     let state = SimState::new();
     let name = unique("e2e-run-share");
     let out = fgpu_run(
+        "/nonexistent/fgpu.sock",
         "/nonexistent/fgpu.sock",
         &state,
         &name,

@@ -155,8 +155,8 @@ pub enum ProtoError {
     Version(u16),
     #[error("unknown frame kind {0:#x}")]
     UnknownKind(u16),
-    #[error("frame of {0} bytes exceeds the {MAX_PAYLOAD}-byte limit")]
-    TooLarge(usize),
+    #[error("frame of {len} bytes exceeds the {max}-byte limit of this socket")]
+    TooLarge { len: usize, max: usize },
 }
 
 impl Frame {
@@ -170,7 +170,10 @@ impl Frame {
     /// Appends the encoded frame to `out`.
     pub fn encode(&self, out: &mut BytesMut) -> Result<(), ProtoError> {
         if self.payload.len() > MAX_PAYLOAD {
-            return Err(ProtoError::TooLarge(self.payload.len()));
+            return Err(ProtoError::TooLarge {
+                len: self.payload.len(),
+                max: MAX_PAYLOAD,
+            });
         }
         out.reserve(HEADER_LEN + self.payload.len());
         out.put_slice(&MAGIC);
@@ -183,6 +186,14 @@ impl Frame {
 
     /// Takes one frame off the front of `buf`; `Ok(None)` when more bytes are needed.
     pub fn decode(buf: &mut BytesMut) -> Result<Option<Self>, ProtoError> {
+        Self::decode_max(buf, MAX_PAYLOAD)
+    }
+
+    /// [`Frame::decode`] with a smaller payload limit (a server's per-socket cap). A header
+    /// announcing more than `max` bytes is refused as soon as the header is complete, before
+    /// any of the payload is waited for or buffered.
+    pub fn decode_max(buf: &mut BytesMut, max: usize) -> Result<Option<Self>, ProtoError> {
+        let max = max.min(MAX_PAYLOAD);
         if buf.len() < HEADER_LEN {
             // Reject garbage early, before waiting for a full header.
             let n = buf.len().min(4);
@@ -200,8 +211,8 @@ impl Frame {
         }
         let raw_kind = u16::from_le_bytes([buf[6], buf[7]]);
         let len = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
-        if len > MAX_PAYLOAD {
-            return Err(ProtoError::TooLarge(len));
+        if len > max {
+            return Err(ProtoError::TooLarge { len, max });
         }
         let kind = Kind::from_raw(raw_kind).ok_or(ProtoError::UnknownKind(raw_kind))?;
         if buf.len() < HEADER_LEN + len {
@@ -266,8 +277,31 @@ mod tests {
         let mut b = BytesMut::from(&b"FGPU\x01\x00\x01\x00\xff\xff\xff\xff"[..]);
         assert!(matches!(
             Frame::decode(&mut b),
-            Err(ProtoError::TooLarge(_))
+            Err(ProtoError::TooLarge { .. })
         ));
+        // A 64 MiB header on a socket capped at 4 KiB: refused from the header alone.
+        let mut b = BytesMut::from(&b"FGPU\x01\x00\x10\x00\x00\x00\x00\x04"[..]);
+        assert_eq!(
+            Frame::decode_max(&mut b, 4096),
+            Err(ProtoError::TooLarge {
+                len: 64 << 20,
+                max: 4096
+            })
+        );
+        assert_eq!(
+            ProtoError::TooLarge {
+                len: 64 << 20,
+                max: 4096
+            }
+            .to_string(),
+            "frame of 67108864 bytes exceeds the 4096-byte limit of this socket"
+        );
+        // A frame that fits the cap decodes.
+        let mut wire = BytesMut::new();
+        Frame::new(Kind::Hello, vec![0u8; 8])
+            .encode(&mut wire)
+            .unwrap();
+        assert!(Frame::decode_max(&mut wire, 8).unwrap().is_some());
     }
 
     #[test]

@@ -1,6 +1,13 @@
 //! A real `fgpu agent --sim` process for end-to-end tests: started on given paths, waited
-//! for until it serves its socket, SIGTERMed on drop (its pinned kernel state removed, which
-//! detaches the probes it left) unless it was [`SimAgent::crash`]ed.
+//! for until it serves both its sockets, SIGTERMed on drop (its pinned kernel state removed,
+//! which detaches the probes it left) unless it was [`SimAgent::crash`]ed.
+//!
+//! The agent has two sockets: the admin socket (limits, full status; it also answers Hello)
+//! and the containers' socket (Hello and the caller's own status only). [`SimAgent::start`]
+//! serves the admin socket on `AgentPaths::socket`, so that a test which talks to one path
+//! for everything keeps working, and the containers' socket beside it in
+//! `<dir>/containers/<name>` ([`containers_socket_for`]); [`SimAgent::start_doors`] takes
+//! both paths.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -12,6 +19,7 @@ pub struct AgentPaths<'a> {
     pub fgpu: &'a Path,
     /// The installed simulated driver (`FGPU_SIM_DIR`).
     pub sim_dir: &'a Path,
+    /// The admin socket (limits, full status, and Hello too).
     pub socket: &'a Path,
     pub state_dir: &'a Path,
     pub bpf_dir: &'a Path,
@@ -24,16 +32,40 @@ pub struct SimAgent {
     child: Child,
     pub log: PathBuf,
     pub bpf_dir: PathBuf,
+    /// Limits and the full status (and Hello).
+    pub admin_socket: PathBuf,
+    /// Hello and the caller's own status only.
+    pub containers_socket: PathBuf,
     keep_pins: bool,
+}
+
+/// Where [`SimAgent::start`] puts the containers' socket for an admin socket at `admin`:
+/// `<dir>/containers/<name>` (a directory of its own, as in production, and not one that
+/// holds the admin socket).
+pub fn containers_socket_for(admin: &Path) -> PathBuf {
+    let name = admin.file_name().unwrap_or("fgpu.sock".as_ref());
+    admin
+        .parent()
+        .unwrap_or(Path::new("/tmp"))
+        .join("containers")
+        .join(name)
 }
 
 impl SimAgent {
     /// Starts `fgpu agent --sim --log info` on `paths` with `extra` arguments and waits (up
-    /// to 20 s) until it accepts connections; panics with its log if it does not.
+    /// to 20 s) until it accepts connections; panics with its log if it does not. The admin
+    /// socket is `paths.socket`, the containers' socket [`containers_socket_for`] it.
     pub fn start(paths: &AgentPaths<'_>, extra: &[&str]) -> Self {
+        Self::start_doors(paths, &containers_socket_for(paths.socket), extra)
+    }
+
+    /// [`SimAgent::start`] with the containers' socket at `containers_socket`.
+    pub fn start_doors(paths: &AgentPaths<'_>, containers_socket: &Path, extra: &[&str]) -> Self {
         let child = Command::new(paths.fgpu)
-            .args(["agent", "--sim", "--log", "info", "--socket"])
+            .args(["agent", "--sim", "--log", "info", "--admin-socket"])
             .arg(paths.socket)
+            .arg("--socket")
+            .arg(containers_socket)
             .arg("--state-dir")
             .arg(paths.state_dir)
             .arg("--bpf-dir")
@@ -49,10 +81,14 @@ impl SimAgent {
             child,
             log: paths.log.to_path_buf(),
             bpf_dir: paths.bpf_dir.to_path_buf(),
+            admin_socket: paths.socket.to_path_buf(),
+            containers_socket: containers_socket.to_path_buf(),
             keep_pins: false,
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(paths.socket).is_err() {
+        while std::os::unix::net::UnixStream::connect(paths.socket).is_err()
+            || std::os::unix::net::UnixStream::connect(containers_socket).is_err()
+        {
             if let Ok(Some(status)) = agent.child.try_wait() {
                 panic!(
                     "the agent exited ({status}) before serving:\n{}",
@@ -67,6 +103,11 @@ impl SimAgent {
             std::thread::sleep(Duration::from_millis(20));
         }
         agent
+    }
+
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn log_text(&self) -> String {
@@ -90,6 +131,12 @@ impl Drop for SimAgent {
             let _ = self.child.wait();
         }
         let _ = std::fs::remove_file(&self.log);
+        // The directories the agent made for its sockets, if it left them empty.
+        for socket in [&self.containers_socket, &self.admin_socket] {
+            if let Some(dir) = socket.parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
         if !self.keep_pins {
             // Unpinning detaches the probes this agent left attached.
             let _ = std::fs::remove_dir_all(&self.bpf_dir);

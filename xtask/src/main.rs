@@ -4,6 +4,7 @@ mod bench;
 mod bpf;
 mod build;
 mod bundle;
+mod fuzz;
 mod run;
 mod test;
 mod util;
@@ -29,6 +30,9 @@ enum Task {
     /// Kernel-accounting benchmark on the simulated driver: cost per alloc/free pair with the
     /// probes attached, and events per second without loss (needs root).
     Bench(bench::BenchArgs),
+    /// Run the fuzz targets (fuzz/: frame decoder, Hello, control requests, TARGETs) for a
+    /// bounded time each; fails on a crash.
+    Fuzz(fuzz::FuzzArgs),
     /// Rebuild fgpu-ebpf/out/fgpu.bpf.o from the C sources with clang-19 (`--check`: compare only).
     Bpf(bpf::BpfArgs),
     /// Stripped release binaries, the simulated driver and the GPU scripts in one folder
@@ -43,6 +47,7 @@ fn main() -> std::process::ExitCode {
         Task::Test(args) => test::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Bpf(args) => bpf::run(&args),
+        Task::Fuzz(args) => fuzz::run(&args),
         Task::DeviceBundle(args) => bundle::run(&args),
     };
     match result {

@@ -1,4 +1,5 @@
-//! `cargo xtask test`: everything CI checks, in the order that fails fastest.
+//! `cargo xtask test`: everything CI checks, in the order that fails fastest: fmt, clippy,
+//! the eBPF object, a short bounded run of every fuzz target, the build, then all tests.
 //!
 //! The end-to-end tests load eBPF programs, create cgroups and PID namespaces: they are
 //! named `privileged_*`, need root, and are part of the normal suite. As root they all
@@ -22,6 +23,10 @@ pub struct TestArgs {
     /// Skip the fmt and clippy checks (quicker while iterating).
     #[arg(long)]
     no_lint: bool,
+
+    /// Skip the short fuzzing run (quicker while iterating).
+    #[arg(long)]
+    no_fuzz: bool,
 }
 
 pub fn run(args: &TestArgs) -> Result<()> {
@@ -46,6 +51,10 @@ pub fn run(args: &TestArgs) -> Result<()> {
         ]))?;
     }
     crate::bpf::check()?;
+    // Before the tests, so that the test tally stays the last thing printed.
+    if !args.no_fuzz {
+        crate::fuzz::fuzz(crate::fuzz::CI_SECONDS, false, &[])?;
+    }
 
     step("building the workspace and the simulated driver");
     exec(cargo().args(["build", "--workspace"]))?;

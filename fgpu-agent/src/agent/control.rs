@@ -1,13 +1,22 @@
 //! Handling control requests: limits and status, each answered with one frame.
+//!
+//! What a caller may ask depends on the door it came in by ([`Door`]): the containers'
+//! socket answers only the caller's own status; the admin socket answers everything, the
+//! control requests only to callers on the host (the agent's PID, mount and user namespaces)
+//! who are root or in `--socket-group`. Every limit change is logged with who made it.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use bytes::Bytes;
 use fgpu_common::proto::{Frame, Kind};
 use fgpu_common::quantity::Size;
 
+use super::doors::Door;
+use super::peer::Caller;
 use super::report::State;
+use super::request::{self, Request};
 use super::targets;
 use crate::api::{Limit, LimitEntry, LimitSetRequest, TargetRequest};
+use crate::status::{CgroupStatus, StatusReport};
 
 /// Who is asking, from the socket's SO_PEERCRED.
 #[derive(Debug, Clone, Copy)]
@@ -17,36 +26,116 @@ pub struct Peer {
     pub gid: u32,
 }
 
+/// The refusal on the containers' socket, for anything but Hello and the caller's own status.
+pub const CONTAINERS_REFUSAL: &str = "permission denied: the containers' socket answers Hello and \
+     the caller's own status only; limits and other cgroups' status are served only on the host, \
+     through the agent's admin socket";
+
 /// Answers one request. Errors become `Kind::Error` frames with the message for people.
-pub fn answer(state: &State, peer: Peer, frame: &Frame) -> Frame {
-    let result = match frame.kind {
-        Kind::StatusRequest
-        | Kind::LimitSet
-        | Kind::LimitGet
-        | Kind::LimitList
-        | Kind::LimitRemove
-            if !state.access.allows(peer) =>
-        {
-            Err(anyhow::anyhow!(
-                "permission denied: the fgpu control socket answers root{} only",
-                state
-                    .access
-                    .group_name
-                    .as_ref()
-                    .map(|g| format!(" and members of group {g}"))
-                    .unwrap_or_default()
-            ))
+pub fn answer(state: &State, caller: &Caller, frame: &Frame) -> Frame {
+    let result = request::decode(frame)
+        .map_err(anyhow::Error::msg)
+        .and_then(|req| match caller.door {
+            Door::Containers => containers(state, caller, &req),
+            Door::Admin => admin(state, caller, &req),
+        });
+    result.unwrap_or_else(|err| Frame::new(Kind::Error, format!("{err:#}")))
+}
+
+/// The containers' door: the caller's own row, nothing else.
+fn containers(state: &State, caller: &Caller, req: &Request) -> Result<Frame> {
+    match req {
+        Request::Status => {
+            let Some(cgroup) = &caller.cgroup else {
+                bail!("cannot tell which cgroup the caller is in (no readable /proc entry)");
+            };
+            let report = own_status(state, cgroup);
+            Ok(Frame::new(Kind::StatusReply, serde_json::to_vec(&report)?))
         }
-        Kind::StatusRequest => serde_json::to_vec(&state.report())
+        other => {
+            refused(caller, other, "containers' socket");
+            bail!(CONTAINERS_REFUSAL)
+        }
+    }
+}
+
+/// The admin door: everything, for host callers with the right credentials.
+fn admin(state: &State, caller: &Caller, req: &Request) -> Result<Frame> {
+    if let Err(why) = &caller.host {
+        refused(caller, req, why);
+        bail!(
+            "permission denied: {why}; the admin socket serves only callers on the host \
+             (the agent's PID, mount and user namespaces)"
+        );
+    }
+    if !state.access.allows(caller.peer) {
+        refused(caller, req, "not root nor in --socket-group");
+        bail!(
+            "permission denied: the fgpu admin socket answers root{} only",
+            state
+                .access
+                .group_name
+                .as_ref()
+                .map(|g| format!(" and members of group {g}"))
+                .unwrap_or_default()
+        );
+    }
+    match req {
+        Request::Status => serde_json::to_vec(&state.report())
             .map(|v| Frame::new(Kind::StatusReply, v))
             .map_err(Into::into),
-        Kind::LimitSet => limit_set(state, &frame.payload),
-        Kind::LimitGet => limit_get(state, &frame.payload),
-        Kind::LimitList => limit_list(state),
-        Kind::LimitRemove => limit_remove(state, &frame.payload),
-        other => Err(anyhow::anyhow!("unexpected request {other:?}")),
-    };
-    result.unwrap_or_else(|err| Frame::new(Kind::Error, format!("{err:#}")))
+        Request::LimitSet(r) => limit_set(state, caller, r),
+        Request::LimitGet(r) => limit_get(state, r),
+        Request::LimitList => limit_list(state),
+        Request::LimitRemove(r) => limit_remove(state, caller, r),
+    }
+}
+
+/// Logs a refused request, state-changing ones at warn (someone tried to change a limit).
+fn refused(caller: &Caller, req: &Request, why: &str) {
+    if req.changes_state() {
+        tracing::warn!(
+            door = caller.door.name(),
+            uid = caller.peer.uid,
+            pid = caller.peer.pid,
+            caller_cgroup = caller.cgroup_or_dash(),
+            request = req.name(),
+            "refused a limit change: {why}"
+        );
+    } else {
+        tracing::debug!(
+            door = caller.door.name(),
+            uid = caller.peer.uid,
+            pid = caller.peer.pid,
+            caller_cgroup = caller.cgroup_or_dash(),
+            request = req.name(),
+            "refused: {why}"
+        );
+    }
+}
+
+/// The status of one cgroup only: its row (an empty one with its limits if it holds no GPU
+/// memory), without the node-wide counters and libraries.
+pub fn own_status(state: &State, cgroup: &str) -> StatusReport {
+    let full = state.report();
+    let row = full
+        .cgroups
+        .into_iter()
+        .find(|r| r.cgroup == cgroup)
+        .unwrap_or_else(|| {
+            let mut row = CgroupStatus::empty(cgroup.to_string());
+            let store = state.limits.lock().expect("limits lock");
+            let effective = store.effective(cgroup).0;
+            row.memory_limit_bytes = effective.memory_bytes;
+            row.compute_share_pct = effective.compute_pct;
+            row.compute_cap_pct = effective.compute_cap_pct;
+            row
+        });
+    StatusReport {
+        cgroups: vec![row],
+        own_only: true,
+        ..StatusReport::default()
+    }
 }
 
 fn reply(value: &impl serde::Serialize) -> Result<Frame> {
@@ -67,9 +156,7 @@ fn entry(state: &State, cgroup: &str) -> LimitEntry {
     }
 }
 
-fn limit_set(state: &State, payload: &[u8]) -> Result<Frame> {
-    let req: LimitSetRequest =
-        serde_json::from_slice(payload).context("malformed limit request")?;
+fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Frame> {
     validate(state, &req.limit)?;
     let cgroup = targets::resolve(&req.target, &state.cgroup2_mount)?;
     state
@@ -79,12 +166,19 @@ fn limit_set(state: &State, payload: &[u8]) -> Result<Frame> {
         .set(&cgroup, &req.limit)?;
     state.backstop.limits_changed();
     state.apply_limits();
-    tracing::info!(cgroup, limit = ?req.limit, "limit set");
+    tracing::info!(
+        cgroup,
+        limit = ?req.limit,
+        door = caller.door.name(),
+        uid = caller.peer.uid,
+        pid = caller.peer.pid,
+        caller_cgroup = caller.cgroup_or_dash(),
+        "limit set"
+    );
     reply(&entry(state, &cgroup))
 }
 
-fn limit_get(state: &State, payload: &[u8]) -> Result<Frame> {
-    let req: TargetRequest = serde_json::from_slice(payload).context("malformed limit request")?;
+fn limit_get(state: &State, req: &TargetRequest) -> Result<Frame> {
     let cgroup = targets::resolve(&req.target, &state.cgroup2_mount)?;
     reply(&entry(state, &cgroup))
 }
@@ -101,8 +195,7 @@ fn limit_list(state: &State) -> Result<Frame> {
     reply(&entries)
 }
 
-fn limit_remove(state: &State, payload: &[u8]) -> Result<Frame> {
-    let req: TargetRequest = serde_json::from_slice(payload).context("malformed limit request")?;
+fn limit_remove(state: &State, caller: &Caller, req: &TargetRequest) -> Result<Frame> {
     // A cgroup removed since its limit was set can still have its limit removed.
     let cgroup = match targets::resolve(&req.target, &state.cgroup2_mount) {
         Ok(c) => c,
@@ -126,7 +219,14 @@ fn limit_remove(state: &State, payload: &[u8]) -> Result<Frame> {
     if removed.is_none() {
         bail!("{cgroup} has no limit of its own (see `fgpu limit get {cgroup}`)");
     }
-    tracing::info!(cgroup, "limit removed");
+    tracing::info!(
+        cgroup,
+        door = caller.door.name(),
+        uid = caller.peer.uid,
+        pid = caller.peer.pid,
+        caller_cgroup = caller.cgroup_or_dash(),
+        "limit removed"
+    );
     reply(&entry(state, &cgroup))
 }
 

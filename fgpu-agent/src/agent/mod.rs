@@ -9,16 +9,19 @@ mod cgroups;
 mod compute;
 mod control;
 mod discovery;
+mod doors;
 mod events;
 mod gpus;
 mod kernel;
 mod ledgers;
 mod limits;
+mod peer;
 mod pins;
 mod preflight;
 mod probes;
 mod publisher;
 mod report;
+mod request;
 mod scm;
 mod server;
 mod targets;
@@ -36,9 +39,28 @@ use self::watcher::Watcher;
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
-    /// Control socket to serve (root-only).
+    /// The containers' socket: shims say Hello here and a caller may read its own cgroup's
+    /// status, nothing else. Mode 0666; keep it alone in its directory and mount that
+    /// directory (read-only is fine) into containers.
     #[arg(long, value_name = "PATH", default_value = crate::DEFAULT_SOCKET)]
     socket: PathBuf,
+
+    /// The admin socket: limits (set/get/ls/rm) and every cgroup's status, for root on the
+    /// host (callers must share the agent's PID, mount and user namespaces). Mode 0600 in a
+    /// directory of its own: never mount it into containers.
+    #[arg(long, value_name = "PATH", default_value = crate::DEFAULT_ADMIN_SOCKET)]
+    admin_socket: PathBuf,
+
+    /// Connections the containers' socket holds open at once (each shim keeps one).
+    #[arg(long, value_name = "N", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+
+    /// Connections one caller (a cgroup, i.e. a container) may hold open on the containers'
+    /// socket at once; more are refused with an error.
+    #[arg(long, value_name = "N", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections_per_cgroup: u32,
 
     /// Where limits are kept across restarts.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/fgpu")]
@@ -50,7 +72,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/fgpu")]
     bpf_dir: PathBuf,
 
-    /// Besides root, members of this group may use the control requests (status, limits).
+    /// Besides root, members of this group may use the admin socket (status, limits).
     #[arg(long, value_name = "GROUP")]
     socket_group: Option<String>,
 
@@ -79,7 +101,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log)?)
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: log files and journals get plain `key=value` fields.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    server::check_paths(&args.admin_socket, &args.socket)?;
     let host = preflight::check()?;
     let limits = limits::LimitStore::open(&args.state_dir)?;
     let access = control::Access {
@@ -155,18 +180,39 @@ pub fn run(args: AgentArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let fd_limit = doors::raise_fd_limit();
     let result = runtime.block_on(async {
-        let listener = server::bind(&args.socket)?;
+        let containers = server::bind_containers(&args.socket)?;
+        let admin = server::bind_admin(&args.admin_socket, &args.socket, state.access.group_gid)?;
         tracing::info!(
             socket = %args.socket.display(),
+            admin_socket = %args.admin_socket.display(),
+            fd_limit,
             cgroup2 = %host.cgroup2_mount.display(),
             libraries = ?state.libraries.lock().expect("libraries lock"),
             "fgpu agent ready"
         );
         let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state)));
         let publisher_task = tokio::spawn(publisher::run(Arc::clone(&state)));
+        let containers_limits = doors::Limits::containers(
+            args.max_connections as usize,
+            args.max_connections_per_cgroup as usize,
+        );
+        let serve_containers = server::serve(
+            containers,
+            doors::Door::Containers,
+            containers_limits,
+            Arc::clone(&state),
+        );
+        let serve_admin = server::serve(
+            admin,
+            doors::Door::Admin,
+            doors::Limits::admin(),
+            Arc::clone(&state),
+        );
         let served = tokio::select! {
-            r = server::serve(listener, Arc::clone(&state)) => r,
+            () = serve_containers => Ok(()),
+            () = serve_admin => Ok(()),
             r = shutdown_signal() => r,
         };
         events_task.abort();
@@ -174,6 +220,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         served
     });
     let _ = std::fs::remove_file(&args.socket);
+    let _ = std::fs::remove_file(&args.admin_socket);
     tracing::info!(
         bpf_dir = %args.bpf_dir.display(),
         "fgpu agent stopped; the probes stay attached (pinned) until the next agent takes over"

@@ -147,6 +147,7 @@ pub fn build(snap: &Snapshot, mut path_of: impl FnMut(u64) -> Option<String>) ->
         cgroups,
         counters: snap.counters.clone(),
         libraries: Vec::new(),
+        own_only: false,
     }
 }
 

@@ -9,7 +9,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use tokio::io::Interest;
 use tokio::net::UnixStream;
 
-/// At most this many descriptors are accepted in one message (the shim sends at most one).
+/// At most this many descriptors are accepted in one message (the shim sends at most one);
+/// the kernel closes any beyond them before they reach the agent's descriptor table.
 const MAX_FDS: usize = 4;
 
 /// Reads what is available into `buf`; descriptors that came with it are returned.
@@ -61,8 +62,12 @@ fn recv_now(fd: RawFd, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
         }
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        // Some descriptors did not fit: what did arrive is closed by dropping `fds`.
-        return Err(io::Error::other("too many file descriptors in one message"));
+        // Some descriptors did not fit: the kernel dropped those, and what did arrive is
+        // closed by dropping `fds`. `InvalidData` tells the caller to say so to the peer.
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("too many file descriptors in one message (at most {MAX_FDS})"),
+        ));
     }
     Ok((n as usize, fds))
 }

@@ -1,8 +1,15 @@
-//! The control socket: one request frame in, one reply frame out, per connection turn.
+//! The agent's sockets: one request frame in, one reply frame out, per connection turn.
+//!
+//! Two doors ([`Door`]) share this code: the containers' socket and the admin socket. Each
+//! connection is identified once ([`Caller`]), admitted against the door's connection caps,
+//! and bounded in frame size, descriptors and time ([`Limits`]). Control requests are
+//! answered on the blocking pool, a few at a time per door, so that they never hold up the
+//! kernel-event path that shares this thread.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
@@ -11,79 +18,280 @@ use std::os::fd::OwnedFd;
 use fgpu_common::cgroup::unified_path;
 use fgpu_common::proto::{Frame, Kind, shim};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio::time::{Instant, timeout, timeout_at};
 
 use super::control::{self, Peer};
+use super::doors::{Admitted, Budget, Door, Limits};
+use super::peer::Caller;
 use super::report::State;
 use super::scm;
 
-/// Binds the socket, refusing to take over from a running agent.
-///
-/// The socket is connectable by everyone (0666) because shims inside containers, running as
-/// any user, introduce themselves on it; every control request is authorised by the peer's
-/// credentials (SO_PEERCRED) in [`control::answer`].
-pub fn bind(path: &Path) -> Result<UnixListener> {
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        bail!(
-            "another fgpu agent is already serving {} (stop it first, or use --socket)",
-            path.display()
+/// Binds the containers' socket (mode 0666: shims inside containers, running as any user,
+/// introduce themselves on it), refusing to take over from a running agent.
+pub fn bind_containers(path: &Path) -> Result<UnixListener> {
+    let dir = parent(path)?;
+    if !dir.exists() {
+        create_dir(dir, 0o755)?;
+    }
+    let listener = bind_as(path, 0o666, None)?;
+    let others: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| Some(n.as_str()) != path.file_name().and_then(|f| f.to_str()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !others.is_empty() {
+        tracing::warn!(
+            dir = %dir.display(),
+            ?others,
+            "the containers' socket is not alone in its directory: whatever is mounted into \
+             containers with it is exposed to them"
         );
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let _ = std::fs::remove_file(path); // a stale socket from an agent that died
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
     Ok(listener)
 }
 
-pub async fn serve(listener: UnixListener, state: Arc<State>) -> Result<()> {
+/// Binds the admin socket: mode 0600 (0660 and the group's with `--socket-group`), in a
+/// directory made 0700 (0750) if the agent creates it. It must not lie inside the containers'
+/// socket directory, which is mounted into containers.
+pub fn bind_admin(path: &Path, containers: &Path, group: Option<u32>) -> Result<UnixListener> {
+    check_paths(path, containers)?;
+    let dir = parent(path)?;
+    if !dir.exists() {
+        create_dir(dir, if group.is_some() { 0o750 } else { 0o700 })?;
+        if let Some(gid) = group {
+            chown_group(dir, gid)?;
+        }
+    }
+    bind_as(path, if group.is_some() { 0o660 } else { 0o600 }, group)
+}
+
+/// Refuses an admin socket inside the containers' socket directory (checked at start, before
+/// anything is loaded, and again at bind).
+pub fn check_paths(admin: &Path, containers: &Path) -> Result<()> {
+    let containers_dir = parent(containers)?;
+    parent(admin)?;
+    if absolute(admin).starts_with(absolute(containers_dir)) {
+        bail!(
+            "--admin-socket {} is inside the containers' socket directory {} (which is mounted \
+             into containers): put it in a directory of its own, e.g. {}",
+            admin.display(),
+            containers_dir.display(),
+            crate::DEFAULT_ADMIN_SOCKET
+        );
+    }
+    Ok(())
+}
+
+fn parent(path: &Path) -> Result<&Path> {
+    path.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .with_context(|| format!("{}: give the socket's full path", path.display()))
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+fn create_dir(dir: &Path, mode: u32) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting the mode of {}", dir.display()))
+}
+
+fn chown_group(path: &Path, gid: u32) -> Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: chown on a NUL-terminated path; uid -1 leaves the owner as it is.
+    if unsafe { libc::chown(c.as_ptr(), u32::MAX, gid) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("giving {} to group {gid}", path.display()));
+    }
+    Ok(())
+}
+
+/// Binds under a temporary name, sets the mode (and group), then renames into place: the
+/// socket is never reachable with a wider mode than `mode`.
+fn bind_as(path: &Path, mode: u32, group: Option<u32>) -> Result<UnixListener> {
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        bail!(
+            "another fgpu agent is already serving {} (stop it first, or use --socket and \
+             --admin-socket)",
+            path.display()
+        );
+    }
+    let tmp = path.with_extension(format!("binding-{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let listener =
+        UnixListener::bind(&tmp).with_context(|| format!("binding {}", tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+    if let Some(gid) = group {
+        chown_group(&tmp, gid)?;
+    }
+    // A stale socket from an agent that died is replaced.
+    std::fs::rename(&tmp, path).with_context(|| format!("binding {}", path.display()))?;
+    Ok(listener)
+}
+
+/// Serves one door until the process ends. Accept errors (EMFILE included) are logged and
+/// waited out; they never end the server.
+pub async fn serve(listener: UnixListener, door: Door, limits: Limits, state: Arc<State>) {
+    let limits = Arc::new(limits);
+    let budget = Budget::new(limits.max_connections, limits.max_per_caller);
+    let work = Arc::new(Semaphore::new(limits.concurrent_requests));
+    let mut last_warn: Option<Instant> = None;
     loop {
-        let (stream, _) = listener.accept().await?;
-        let state = Arc::clone(&state);
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(err) => {
+                // Out of descriptors or memory: the connection waits in the backlog; wait a
+                // little instead of spinning, and say so at most once a second.
+                if last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    tracing::warn!(door = door.name(), "accepting a connection failed: {err}");
+                    last_warn = Some(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let conn = Conn {
+            state: Arc::clone(&state),
+            limits: Arc::clone(&limits),
+            budget: Arc::clone(&budget),
+            work: Arc::clone(&work),
+        };
         tokio::spawn(async move {
-            if let Err(err) = handle(stream, &state).await {
-                tracing::debug!("control connection ended: {err:#}");
+            if let Err(err) = conn.handle(stream, door).await {
+                tracing::debug!(door = door.name(), "connection ended: {err:#}");
             }
         });
     }
 }
 
-async fn handle(stream: UnixStream, state: &State) -> Result<()> {
-    let cred = stream.peer_cred()?;
-    let peer = Peer {
-        pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
-        uid: cred.uid(),
-        gid: cred.gid(),
-    };
-    let mut buf = BytesMut::with_capacity(4096);
-    let mut chunk = vec![0u8; 64 * 1024];
-    let mut fds: Vec<OwnedFd> = Vec::new();
-    loop {
-        let frame = loop {
-            match Frame::decode(&mut buf) {
-                Ok(Some(frame)) => break frame,
-                Ok(None) => {}
-                Err(err) => {
-                    reply(&stream, Frame::new(Kind::Error, err.to_string())).await?;
-                    return Err(err.into());
-                }
-            }
-            let (n, received) = scm::recv(&stream, &mut chunk).await?;
-            if n == 0 {
+/// What a connection's task shares with its door.
+struct Conn {
+    state: Arc<State>,
+    limits: Arc<Limits>,
+    budget: Arc<Budget>,
+    work: Arc<Semaphore>,
+}
+
+impl Conn {
+    async fn handle(self, stream: UnixStream, door: Door) -> Result<()> {
+        let caller = Arc::new(Caller::identify(&stream, door)?);
+        let _admitted: Admitted = match self.budget.admit(&caller.budget_key()) {
+            Ok(a) => a,
+            Err(why) => {
+                tracing::debug!(
+                    door = door.name(),
+                    uid = caller.peer.uid,
+                    pid = caller.peer.pid,
+                    caller_cgroup = caller.cgroup_or_dash(),
+                    "refused a connection: {why}"
+                );
+                self.send(&stream, Frame::new(Kind::Error, why)).await?;
                 return Ok(());
             }
-            buf.extend_from_slice(&chunk[..n]);
-            fds.extend(received);
         };
-        if frame.kind == Kind::Hello {
-            hello(&stream, state, peer, &frame, std::mem::take(&mut fds)).await?;
-            continue;
+        let limits = &self.limits;
+        let mut buf = BytesMut::with_capacity(4096);
+        let mut chunk = vec![0u8; limits.max_frame.min(64 << 10) + 64];
+        let mut fds: Vec<OwnedFd> = Vec::new();
+        let mut said_hello = false;
+        loop {
+            let mut frame_deadline: Option<Instant> = None;
+            let frame = loop {
+                match Frame::decode_max(&mut buf, limits.max_frame) {
+                    Ok(Some(frame)) => break frame,
+                    Ok(None) => {}
+                    Err(err) => {
+                        self.send(&stream, Frame::new(Kind::Error, err.to_string()))
+                            .await?;
+                        return Err(err.into());
+                    }
+                }
+                if !buf.is_empty() && frame_deadline.is_none() {
+                    frame_deadline = Some(Instant::now() + limits.frame_timeout);
+                }
+                let recv = scm::recv(&stream, &mut chunk);
+                let received = match (frame_deadline, said_hello) {
+                    (Some(deadline), _) => timeout_at(deadline, recv).await.map_err(|_| {
+                        anyhow::anyhow!(
+                            "a frame took longer than {:?} to arrive",
+                            limits.frame_timeout
+                        )
+                    })?,
+                    (None, false) => timeout(limits.idle_timeout, recv).await.map_err(|_| {
+                        anyhow::anyhow!("idle for {:?} without a request", limits.idle_timeout)
+                    })?,
+                    // A shim holds its connection open to notice an agent restart.
+                    (None, true) => recv.await,
+                };
+                let (n, received) = match received {
+                    Ok(r) => r,
+                    Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
+                        self.send(&stream, Frame::new(Kind::Error, err.to_string()))
+                            .await?;
+                        return Err(err.into());
+                    }
+                    Err(err) => return Err(err.into()),
+                };
+                if n == 0 {
+                    return Ok(());
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if fds.len() + received.len() > limits.max_fds {
+                    drop(received); // closed at once
+                    let msg = format!(
+                        "too many file descriptors: at most {} per request",
+                        limits.max_fds
+                    );
+                    self.send(&stream, Frame::new(Kind::Error, msg.clone()))
+                        .await?;
+                    bail!(msg);
+                }
+                fds.extend(received);
+            };
+            if frame.kind == Kind::Hello {
+                // Only a well-formed Hello earns the shim's right to hold the connection idle.
+                said_hello |= shim::HelloPayload::decode(&frame.payload)
+                    .is_some_and(|h| h.version == shim::VERSION);
+                let fds = std::mem::take(&mut fds);
+                timeout(
+                    limits.write_timeout,
+                    hello(&stream, &self.state, caller.peer, &frame, fds),
+                )
+                .await
+                .context("the shim did not take its ledger")??;
+                continue;
+            }
+            fds.clear(); // descriptors only ever come with a Hello
+            let answer = self.answer(&caller, frame).await;
+            self.send(&stream, answer).await?;
         }
-        fds.clear(); // descriptors only ever come with a Hello
-        let answer = control::answer(state, peer, &frame);
-        reply(&stream, answer).await?;
+    }
+
+    /// Answers a control request on the blocking pool, at most `concurrent_requests` at once
+    /// per door.
+    async fn answer(&self, caller: &Arc<Caller>, frame: Frame) -> Frame {
+        let Ok(_permit) = self.work.acquire().await else {
+            return Frame::new(Kind::Error, "the agent is shutting down");
+        };
+        let state = Arc::clone(&self.state);
+        let caller = Arc::clone(caller);
+        tokio::task::spawn_blocking(move || control::answer(&state, &caller, &frame))
+            .await
+            .unwrap_or_else(|err| Frame::new(Kind::Error, format!("internal error: {err}")))
+    }
+
+    /// Sends one frame, giving up if the peer does not take it in time.
+    async fn send(&self, stream: &UnixStream, frame: Frame) -> Result<()> {
+        timeout(self.limits.write_timeout, reply(stream, frame))
+            .await
+            .context("the peer did not take its reply")?
     }
 }
 
@@ -144,4 +352,38 @@ async fn reply(stream: &UnixStream, frame: Frame) -> Result<()> {
     frame.encode(&mut out)?;
     scm::send(stream, &out, &[]).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn sockets_get_their_modes_and_a_running_agent_is_not_taken_over() {
+        let base = std::env::temp_dir().join(format!("fgpu-server-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let containers = base.join("run/fgpu.sock");
+        let admin = base.join("admin/fgpu.sock");
+        let _c = bind_containers(&containers).unwrap();
+        let _a = bind_admin(&admin, &containers, None).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode(&containers), 0o666);
+        assert_eq!(mode(&admin), 0o600);
+        assert_eq!(mode(admin.parent().unwrap()), 0o700);
+        let again = bind_containers(&containers).unwrap_err().to_string();
+        assert!(
+            again.contains("another fgpu agent is already serving"),
+            "{again}"
+        );
+        let inside = bind_admin(&base.join("run/admin.sock"), &containers, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            inside.contains("inside the containers' socket directory"),
+            "{inside}"
+        );
+        let _ = std::fs::remove_dir_all(&base);
+    }
 }

@@ -18,7 +18,7 @@ pub fn request(socket: &Path, kind: Kind, payload: Bytes, expect: Kind) -> Resul
             socket.display()
         ),
         std::io::ErrorKind::PermissionDenied => anyhow::anyhow!(
-            "permission denied on {}: the agent's socket is root-only (try sudo)",
+            "permission denied on {}: the agent's admin socket is root-only (try sudo)",
             socket.display()
         ),
         _ => anyhow::Error::new(err).context(format!("connecting to {}", socket.display())),

@@ -19,7 +19,9 @@ pub struct LimitArgs {
     #[command(subcommand)]
     command: LimitCommand,
 
-    /// The agent's control socket [default: $FGPU_SOCKET or /run/fgpu/fgpu.sock].
+    /// The agent socket to ask [default: $FGPU_ADMIN_SOCKET, else the admin socket
+    /// /run/fgpu-admin/fgpu.sock, else (inside a container, where only the containers' socket
+    /// is mounted) $FGPU_SOCKET or /run/fgpu/fgpu.sock].
     #[arg(long, value_name = "PATH", global = true)]
     socket: Option<PathBuf>,
 }

@@ -42,9 +42,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME")]
     name: Option<String>,
 
-    /// The agent's control socket [default: $FGPU_SOCKET or /run/fgpu/fgpu.sock].
+    /// The agent socket to ask [default: $FGPU_ADMIN_SOCKET, else the admin socket
+    /// /run/fgpu-admin/fgpu.sock, else (inside a container, where only the containers' socket
+    /// is mounted) $FGPU_SOCKET or /run/fgpu/fgpu.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
+
+    /// The socket the command's shim says Hello on [default: $FGPU_SOCKET or
+    /// /run/fgpu/fgpu.sock, the agent's containers' socket].
+    #[arg(long, value_name = "PATH")]
+    shim_socket: Option<PathBuf>,
 
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
@@ -88,7 +95,12 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode> {
         Ok(existing) if !existing.is_empty() => format!("{}:{existing}", shim.display()),
         _ => shim.display().to_string(),
     };
-    cmd.env("LD_PRELOAD", preload).env("FGPU_SOCKET", &socket);
+    let shim_socket = args
+        .shim_socket
+        .clone()
+        .unwrap_or_else(crate::containers_socket);
+    cmd.env("LD_PRELOAD", preload)
+        .env("FGPU_SOCKET", &shim_socket);
 
     let with_agent = limit == Limit::default() || set_limit(&socket, &cgroup.path, &limit);
     if !with_agent {

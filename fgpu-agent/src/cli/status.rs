@@ -25,7 +25,10 @@ pub struct StatusArgs {
     #[arg(long, requires = "json")]
     detail: bool,
 
-    /// The agent's control socket [default: $FGPU_SOCKET or /run/fgpu/fgpu.sock].
+    /// The agent socket to ask; on the containers' socket the status is the caller's own
+    /// cgroup's row only [default: $FGPU_ADMIN_SOCKET, else the admin socket
+    /// /run/fgpu-admin/fgpu.sock, else (inside a container, where only the containers' socket
+    /// is mounted) $FGPU_SOCKET or /run/fgpu/fgpu.sock].
     #[arg(long, value_name = "PATH")]
     socket: Option<PathBuf>,
 }
@@ -102,6 +105,14 @@ pub fn table(report: &StatusReport) -> String {
     if report.cgroups.is_empty() {
         let _ = writeln!(out, "(no cgroup holds GPU memory)");
     }
+    if report.own_only {
+        let _ = writeln!(
+            out,
+            "\n(the containers' socket shows this cgroup's row only; the node's full status \
+             is on the host: `sudo fgpu status`)"
+        );
+        return out;
+    }
     let k = &report.counters;
     let _ = writeln!(
         out,
@@ -142,6 +153,7 @@ mod tests {
                 ..Default::default()
             },
             libraries: vec!["/usr/lib/libcuda.so.1".into()],
+            own_only: false,
         };
         let t = table(&report);
         assert!(t.contains("/fgpu/job-1"), "{t}");
@@ -150,5 +162,14 @@ mod tests {
         assert!(t.contains("10,11"), "{t}");
         assert!(t.contains("3 events dropped"), "{t}");
         assert!(t.contains("30%") && t.contains("29.6%"), "{t}");
+
+        let own = StatusReport {
+            own_only: true,
+            ..report
+        };
+        let t = table(&own);
+        assert!(t.contains("/fgpu/job-1"), "{t}");
+        assert!(t.contains("this cgroup's row only"), "{t}");
+        assert!(!t.contains("events dropped"), "{t}");
     }
 }

@@ -31,7 +31,10 @@ pub fn sim_dir() -> PathBuf {
 /// A running `fgpu agent --sim`, stopped on drop.
 pub struct Agent {
     process: SimAgent,
+    /// The containers' socket: what shims say Hello on (`FGPU_SOCKET`).
     pub socket: PathBuf,
+    /// The admin socket: what the CLI helpers below talk to.
+    pub admin: PathBuf,
     pub state_dir: PathBuf,
     /// The agent's pinned kernel state (bpffs); removed on drop unless the agent "crashed".
     pub bpf_dir: PathBuf,
@@ -53,14 +56,24 @@ impl Agent {
     /// the same pinned kernel state).
     pub fn start_in(state_dir: &Path, extra: &[&str]) -> Self {
         let name = unique("fgpu-agent");
-        let socket = std::env::temp_dir().join(format!("{name}.sock"));
+        let socket = std::env::temp_dir()
+            .join(format!("{name}.run"))
+            .join("fgpu.sock");
         Self::start_at(state_dir, &socket, extra)
     }
 
-    /// Starts an agent on a given state directory and socket.
+    /// Starts an agent on a given state directory and containers' socket; its admin socket is
+    /// in a directory of its own beside the containers' socket's directory.
     pub fn start_at(state_dir: &Path, socket: &Path, extra: &[&str]) -> Self {
         let name = unique("fgpu-agent");
         let socket = socket.to_path_buf();
+        let run_dir = socket.parent().expect("a socket path with a directory");
+        let admin = run_dir
+            .with_file_name(format!(
+                "{}.admin",
+                run_dir.file_name().unwrap().to_string_lossy()
+            ))
+            .join("fgpu.sock");
         let bpf_dir = Path::new("/sys/fs/bpf").join(format!(
             "fgpu-test-{}",
             state_dir
@@ -70,20 +83,22 @@ impl Agent {
                 .replace('.', "-")
         ));
         let log = std::env::temp_dir().join(format!("{name}.log"));
-        let process = SimAgent::start(
+        let process = SimAgent::start_doors(
             &AgentPaths {
                 fgpu: Path::new(env!("CARGO_BIN_EXE_fgpu")),
                 sim_dir: &sim_dir(),
-                socket: &socket,
+                socket: &admin,
                 state_dir,
                 bpf_dir: &bpf_dir,
                 log: &log,
             },
+            &socket,
             extra,
         );
         Self {
             process,
             socket,
+            admin,
             state_dir: state_dir.to_path_buf(),
             bpf_dir,
         }
@@ -93,21 +108,21 @@ impl Agent {
         self.process.log_text()
     }
 
-    /// Runs `fgpu ARGS... --socket <this agent>`.
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Runs `fgpu ARGS... --socket <this agent's admin socket>`.
     pub fn cli(&self, args: &[&str]) -> std::process::Output {
         let mut all: Vec<&str> = args.to_vec();
-        all.extend(["--socket", self.socket.to_str().unwrap()]);
+        all.extend(["--socket", self.admin.to_str().unwrap()]);
         fgpu(&all)
     }
 
     /// `fgpu status --json`, parsed.
     pub fn status(&self) -> serde_json::Value {
-        let out = fgpu(&[
-            "status",
-            "--json",
-            "--socket",
-            self.socket.to_str().unwrap(),
-        ]);
+        let out = fgpu(&["status", "--json", "--socket", self.admin.to_str().unwrap()]);
         assert!(
             out.status.success(),
             "fgpu status failed: {}",
@@ -123,7 +138,7 @@ impl Agent {
             "--json",
             "--detail",
             "--socket",
-            self.socket.to_str().unwrap(),
+            self.admin.to_str().unwrap(),
         ]);
         assert!(
             out.status.success(),
