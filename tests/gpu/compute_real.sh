@@ -28,7 +28,7 @@ LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
 OUT=${OUT:-/tmp/fgpu-out}
 SECS=${SECS:-6}   # measured seconds of a phase (after WARM s of warm-up)
 WARM=${WARM:-2}
-SOCK=/tmp/fgpu-real.sock
+SOCK=/tmp/fgpu-real/fgpu.sock
 ADMIN=/tmp/fgpu-real-admin/fgpu.sock
 BPF=/sys/fs/bpf/fgpu-real
 CG=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)
@@ -66,7 +66,7 @@ report() {
   return "${PIPESTATUS[0]}"
 }
 start_agent() {
-  rm -rf "$BPF"; rm -f "$SOCK" "$ADMIN"
+  rm -rf "$BPF"; rm -f "$SOCK" "$ADMIN"; mkdir -p "$(dirname "$SOCK")"
   FGPU_LOG= "$FGPU" agent --socket "$SOCK" "${ADMIN_ARGS[@]}" --libcuda "$LIBCUDA" --bpf-dir "$BPF" \
     --state-dir "$WORK/state" --log "${AGENT_LOG:-info,fgpu::agent::compute=debug}" >> "$OUT/agent.log" 2>&1 &
   agent_pid=$!

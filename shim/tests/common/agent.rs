@@ -6,7 +6,7 @@
 //! `FGPU_SKIP_PRIVILEGED=1` asks to skip them.
 
 use super::{NO_AGENT, target_dir};
-use fgpu_testkit::agent::{AgentPaths, SimAgent};
+use fgpu_testkit::agent::{AgentPaths, SimAgent, containers_socket_for};
 #[allow(unused_imports)] // each test binary uses its own part of the harness
 pub use fgpu_testkit::{Cgroup, mono_ns, privileged, unique};
 use std::io::{BufRead, BufReader, Write};
@@ -139,7 +139,7 @@ impl AgentWorld {
             .env("LD_PRELOAD", &self.shim)
             .env("FGPU_SIM_STATE", &self.sim_state)
             .env("FGPU_SIM_MEMORY", "16GiB")
-            .env("FGPU_SOCKET", &self.socket)
+            .env("FGPU_SOCKET", containers_socket_for(&self.socket))
             // Every process here is pid 1 in its namespace, and so is every other for the
             // simulated NVML: per-process figures would mix processes up. Configure it.
             .env("FGPU_CONTEXT_OVERHEAD", "300MiB")
