@@ -15,7 +15,9 @@ use crate::status::StatusReport;
 pub struct StatusArgs {
     /// Print a JSON array, one object per cgroup (fields: cgroup, cgroup_id, pids,
     /// memory_used_bytes, memory_limit_bytes, alloc_denied, over_limit_actions, devices,
-    /// compute_share_pct, compute_cap_pct, compute_used_pct).
+    /// compute_share_pct, compute_cap_pct, compute_turn_pct (device time held in turns: what a
+    /// share is a share of), compute_corun, compute_used_pct (measured GPU time),
+    /// compute_nvml_pct).
     #[arg(long)]
     json: bool,
 
@@ -65,8 +67,8 @@ pub fn table(report: &StatusReport) -> String {
         .unwrap_or(6);
     let _ = writeln!(
         out,
-        "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}",
-        "CGROUP", "PIDS", "USED", "LIMIT", "DENIED", "COMPUTE", "GPU-TIME"
+        "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}",
+        "CGROUP", "PIDS", "USED", "LIMIT", "DENIED", "COMPUTE", "TURNS", "GPU-TIME"
     );
     for c in &report.cgroups {
         let pids = if c.pids.is_empty() {
@@ -90,15 +92,24 @@ pub fn table(report: &StatusReport) -> String {
         let used = c
             .compute_used_pct
             .map_or_else(|| "-".to_string(), |u| format!("{u:.1}%"));
+        // The device time held in turns (what a share is a share of); `co-run` for a
+        // latency-bound tenant running beside the holder.
+        let turns = if c.compute_corun {
+            "co-run".to_string()
+        } else {
+            c.compute_turn_pct
+                .map_or_else(|| "-".to_string(), |t| format!("{t:.1}%"))
+        };
         let _ = writeln!(
             out,
-            "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}",
+            "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}",
             c.cgroup,
             pids,
             Size(c.memory_used_bytes).to_string(),
             limit,
             c.alloc_denied,
             compute,
+            turns,
             used
         );
     }
@@ -146,6 +157,7 @@ mod tests {
                 alloc_denied: 2,
                 compute_share_pct: Some(30),
                 compute_used_pct: Some(29.6),
+                compute_turn_pct: Some(30.2),
                 ..CgroupStatus::empty("/fgpu/job-1".into())
             }],
             counters: KernelCounters {
@@ -162,6 +174,7 @@ mod tests {
         assert!(t.contains("10,11"), "{t}");
         assert!(t.contains("3 events dropped"), "{t}");
         assert!(t.contains("30%") && t.contains("29.6%"), "{t}");
+        assert!(t.contains("TURNS") && t.contains("30.2%"), "{t}");
 
         let own = StatusReport {
             own_only: true,
