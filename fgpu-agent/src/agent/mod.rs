@@ -5,10 +5,12 @@
 //! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
 
 mod backstop;
+mod budget;
 mod cgroups;
 mod compute;
 mod control;
 mod discovery;
+mod enforce;
 mod events;
 mod gpus;
 mod kernel;
@@ -65,8 +67,8 @@ pub struct AgentArgs {
     #[arg(long)]
     sim: bool,
 
-    /// What to do when the kernel sees a cgroup over its memory limit (an allocation that
-    /// bypassed the shim): kill the process that allocated, or only report it.
+    /// What the kernel does when an allocation takes a cgroup past its memory limit (one
+    /// that bypassed the shim): kill the process at that allocation, or only report it.
     #[arg(long, value_enum, default_value = "kill")]
     on_exceed: backstop::OnExceed,
 
@@ -136,6 +138,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         access,
         ledgers: ledgers::Ledgers::default(),
         backstop: backstop::Backstop::default(),
+        enforce: enforce::Enforcer::default(),
         on_exceed: args.on_exceed,
         names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
         libraries,
@@ -151,6 +154,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
             .context("starting the compute controller")?;
     }
 
+    // The kernel enforces from here on, also over maps a previous agent pinned.
+    let written = enforce::sync(&state);
+    tracing::info!(written, "kernel limits in sync with the limit store");
+
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -165,12 +172,14 @@ pub fn run(args: AgentArgs) -> Result<()> {
         );
         let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state)));
         let publisher_task = tokio::spawn(publisher::run(Arc::clone(&state)));
+        let enforce_task = tokio::spawn(enforce::run(Arc::clone(&state)));
         let served = tokio::select! {
             r = server::serve(listener, Arc::clone(&state)) => r,
             r = shutdown_signal() => r,
         };
         events_task.abort();
         publisher_task.abort();
+        enforce_task.abort();
         served
     });
     let _ = std::fs::remove_file(&args.socket);
