@@ -125,10 +125,11 @@ impl Backstop {
         tracing::warn!(
             pid = e.tgid,
             cgroup,
-            "over limit: its allocation of {} took the cgroup's subtree to {} on device {}, \
-             over the {} limit; {what}",
+            "over limit: its allocation of {} took the cgroup's subtree to {} ({} bytes) on \
+             device {}, over the {} limit; {what}",
             Size(e.size),
             Size(e.cgroup_bytes),
+            e.cgroup_bytes,
             e.device,
             limit.map_or_else(|| "-".to_string(), |l| Size(l).to_string()),
         );
