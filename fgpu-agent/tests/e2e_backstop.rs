@@ -382,3 +382,46 @@ fn privileged_a_shim_process_and_a_bypassing_one_in_a_pod_never_hold_more_than_i
     assert!(with.finish().success());
     drop((raw, shim));
 }
+
+#[test]
+fn privileged_a_tenant_that_fills_the_tracking_maps_meets_its_bound_and_others_stay_attributed() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let greedy = Cgroup::new(&unique("fgpu-e2e-greedy"));
+    ok(&agent.cli(&["limit", "set", &greedy.path, "--memory", "1GiB"]));
+    // FGPU_TENANT_MAX_ALLOCS (16384) live allocations are tracked; the next one is past
+    // the tenant's bound: not tracked, and the policy (kill) applies to it.
+    const BOUND: usize = 16384;
+    let mut args = allocs(BOUND + 16, "4096");
+    args.push("hold");
+    let mut load = spawn_bypass(&greedy, &state, &args);
+    let status = exit_status(&mut load);
+    assert_eq!(status, 128 + libc::SIGKILL, "{:?}", load.lines.last());
+    assert_eq!(held(&load.lines), BOUND as u64);
+    let records = log_lines(&agent, "over bound", 1);
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert!(
+        records[0].contains("killed by the kernel")
+            && records[0].contains(&format!("tenant=\"{}\"", greedy.path)),
+        "{records:?}"
+    );
+    let detail = agent.detail();
+    assert_eq!(detail["counters"]["over_bound"], 1, "{detail}");
+    // Another tenant is still attributed, to the byte.
+    let other = Cgroup::new(&unique("fgpu-e2e-other"));
+    let mut two = Load::spawn(&other, &state.0, &["alloc", "256MiB", "hold"]);
+    two.expect_line("ready");
+    let row = agent
+        .wait_for(
+            &other,
+            "the other tenant's row",
+            Duration::from_secs(3),
+            |s| s.is_some(),
+        )
+        .unwrap();
+    assert_eq!(row["memory_used_bytes"], 256 * MIB, "{row}");
+    assert!(two.finish().success());
+}
