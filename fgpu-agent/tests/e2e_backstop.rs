@@ -145,9 +145,10 @@ fn privileged_a_bypassing_process_is_killed_at_the_crossing_allocation_every_tim
         let state = SimState::new();
         let cg = Cgroup::new(&unique("fgpu-e2e-bypass"));
         ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "1GiB"]));
-        // 40 × 256 MiB as fast as the process can; 4 fit the 1 GiB limit exactly.
+        // 40 × 256 MiB as fast as the process can; 4 fit the 1 GiB limit exactly. (A process
+        // that is not stopped ends by itself after the sleep.)
         let mut args = allocs(40, "256MiB");
-        args.push("hold");
+        args.extend(["sleep", "2000"]);
         let mut load = spawn_bypass(&cg, &state, &args);
         load.expect_line("init rc=0");
         let pid = host_pid(&cg);
@@ -226,7 +227,7 @@ fn privileged_bypassing_children_of_a_pod_are_held_by_the_pods_limit_together() 
     one.expect_line("ready");
     // 5 GiB held by the first: the second may add 3 GiB (12 × 256 MiB), killed at the 13th.
     let mut args = allocs(20, "256MiB");
-    args.push("hold");
+    args.extend(["sleep", "2000"]);
     let mut two = spawn_bypass(&b, &state, &args);
     let status = exit_status(&mut two);
     assert_eq!(status, 128 + libc::SIGKILL, "{:?}", two.lines);
@@ -324,7 +325,7 @@ fn privileged_children_of_a_pod_share_one_budget_through_the_shim_and_a_lower_ch
     // And a bypassing process there is killed at its own limit, not the pod's.
     let raw = Cgroup::new(&format!("{}/raw", small.path.trim_start_matches('/')));
     let mut args = allocs(20, "256MiB");
-    args.push("hold");
+    args.extend(["sleep", "2000"]);
     let mut four = spawn_bypass(&raw, &state, &args);
     let status = exit_status(&mut four);
     assert_eq!(status, 128 + libc::SIGKILL, "{:?}", four.lines);
@@ -396,7 +397,7 @@ fn privileged_a_tenant_that_fills_the_tracking_maps_meets_its_bound_and_others_s
     // the tenant's bound: not tracked, and the policy (kill) applies to it.
     const BOUND: usize = 16384;
     let mut args = allocs(BOUND + 16, "4096");
-    args.push("hold");
+    args.extend(["sleep", "2000"]);
     let mut load = spawn_bypass(&greedy, &state, &args);
     let status = exit_status(&mut load);
     assert_eq!(status, 128 + libc::SIGKILL, "{:?}", load.lines.last());
