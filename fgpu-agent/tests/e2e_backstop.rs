@@ -286,14 +286,22 @@ fn privileged_children_of_a_pod_share_one_budget_through_the_shim_and_a_lower_ch
         (8 * GIB - 2 * OVERHEAD) / (256 * MIB),
         "the shared budget is used up to the last chunk that fits: {h1} + {h2}"
     );
+    // Whichever did not get its 7 GiB was refused with CUDA_ERROR_OUT_OF_MEMORY (2), and
+    // nothing else.
     for (name, l) in [("c", &one), ("d", &two)] {
         let refused = l
             .lines
             .iter()
             .filter(|x| x.starts_with("alloc fail"))
             .collect::<Vec<_>>();
+        assert_eq!(
+            held(&l.lines) + refused.len() as u64,
+            28,
+            "{name}: {:?}",
+            l.lines
+        );
         assert!(
-            !refused.is_empty() && refused.iter().all(|x| x.contains("rc=2")),
+            refused.iter().all(|x| x.contains("rc=2")),
             "{name}: refused with CUDA_ERROR_OUT_OF_MEMORY (2): {:?}",
             l.lines
         );
