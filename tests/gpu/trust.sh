@@ -67,6 +67,7 @@ subtree() { # CGROUP: the kernel's subtree total of a cgroup from fgpu status
 }
 
 # ---------------- (a) pod-level limit, two shim children at once
+workers=()
 mkdir -p "$CG/fgpu-trust-pod"
 fgpu limit set /fgpu-trust-pod --memory 8GiB
 mkdir -p "$CG/fgpu-trust-pod/a" "$CG/fgpu-trust-pod/b" # created after the limit: they share it
@@ -74,6 +75,7 @@ fgpu limit get /fgpu-trust-pod/a | tee "$OUT/limit-get-child.txt"
 for n in a b; do
   FGPU_WORK=$WORK LD_PRELOAD=$SHIM FGPU_SOCKET=$SOCK \
     in_container "fgpu-trust-pod/$n" "$PY" "$WL" shim "$n" 7 > "$OUT/pod-$n.log" 2>&1 &
+  workers+=($!)
 done
 for n in a b; do
   for _ in $(seq 1200); do [ -n "$(field "$WORK/$n.json" bytes)" ] && break; sleep 0.1; done
@@ -89,23 +91,26 @@ for n in a b; do
 done
 row "(a) pod (8 GiB limit): children's tensors together $(gib $sum), kernel-observed subtree $(gib "$pod_total") (contexts are on top: the shim counts them)"
 for n in a b; do touch "$WORK/$n.go"; done
-wait
+wait "${workers[@]}"
+workers=()
 
 # ---------------- (a2) the same pod: a bypassing child first, then a shim child
 mkdir -p "$CG/fgpu-trust-pod/raw" "$CG/fgpu-trust-pod/c"
 # "shim" mode for its hold-until-go, but without LD_PRELOAD: the shim is bypassed
 FGPU_WORK=$WORK in_container fgpu-trust-pod/raw "$PY" "$WL" shim raw 5 > "$OUT/pod-raw.log" 2>&1 &
+workers+=($!)
 for _ in $(seq 1200); do [ -n "$(field "$WORK/raw.json" bytes)" ] && break; sleep 0.1; done
 sleep 0.5
 FGPU_WORK=$WORK LD_PRELOAD=$SHIM FGPU_SOCKET=$SOCK \
   in_container fgpu-trust-pod/c "$PY" "$WL" shim c 7 > "$OUT/pod-c.log" 2>&1 &
+workers+=($!)
 for _ in $(seq 1200); do [ -n "$(field "$WORK/c.json" bytes)" ] && break; sleep 0.1; done
 pod_total2=$(subtree /fgpu-trust-pod)
 fgpu status | tee "$OUT/status-pod-mixed.txt"
 raw_b=$(field "$WORK/raw.json" bytes); c_b=$(field "$WORK/c.json" bytes)
 row "(a2) pod: bypassing child $(gib "$raw_b") + shim child $(gib "$c_b") ($(field "$WORK/c.json" error | cut -c1-60)); kernel subtree $(gib "$pod_total2") of 8 GiB"
 touch "$WORK/raw.go" "$WORK/c.go"
-wait
+wait "${workers[@]}"
 
 # ---------------- (b) bypass: no shim, 4 GiB cgroup, 256 MiB tensors as fast as it can
 mkdir -p "$CG/fgpu-trust-raw"

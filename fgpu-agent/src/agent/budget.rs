@@ -20,10 +20,11 @@
 //! race past P's limit through their shims; the kernel backstop checks P exactly, on every
 //! allocation, and acts on the one that crosses.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::path::Path;
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 use fgpu_common::ledger::{MAX_DEVICES, NO_LIMIT, uuid_key};
@@ -63,7 +64,14 @@ pub fn ledger_for(store: &LimitStore, cgroup: &str) -> String {
 
 /// The ledger a process of `cgroup` gets ([`ledger_for`]), created on first use (around
 /// `usage`, a reconnecting shim's usage memfd) with its budget planned at once.
-pub fn ledger_of(state: &State, cgroup: &str, usage: Option<OwnedFd>) -> Result<Arc<CgroupLedger>> {
+/// `pid` (the host PID from SO_PEERCRED) is remembered as one of the ledger's shims: what
+/// the other processes of its domain hold is what bypasses the shim.
+pub fn ledger_of(
+    state: &State,
+    pid: u32,
+    cgroup: &str,
+    usage: Option<OwnedFd>,
+) -> Result<Arc<CgroupLedger>> {
     let (chosen, limit) = {
         let store = state.limits.lock().expect("limits lock");
         let chosen = ledger_for(&store, cgroup);
@@ -73,6 +81,7 @@ pub fn ledger_of(state: &State, cgroup: &str, usage: Option<OwnedFd>) -> Result<
     let dir = state.cgroup2_mount.join(chosen.trim_start_matches('/'));
     let known = state.ledgers.get(&chosen).is_some();
     let ledger = state.ledgers.get_or_create(&chosen, &dir, usage, &limit)?;
+    state.shims.register(&chosen, pid);
     if !known {
         if chosen != cgroup {
             tracing::info!(
@@ -85,6 +94,31 @@ pub fn ledger_of(state: &State, cgroup: &str, usage: Option<OwnedFd>) -> Result<
         refresh(state, &tree_by_key(&tree));
     }
     Ok(ledger)
+}
+
+/// Host PIDs of the processes whose shim said Hello, by ledger cgroup.
+#[derive(Debug, Default)]
+pub struct Shims(Mutex<HashMap<String, HashSet<u32>>>);
+
+impl Shims {
+    pub fn register(&self, ledger: &str, pid: u32) {
+        self.0
+            .lock()
+            .expect("shims lock")
+            .entry(ledger.to_string())
+            .or_default()
+            .insert(pid);
+    }
+
+    /// Every registered PID, after forgetting those whose process is gone.
+    fn live(&self) -> HashMap<String, HashSet<u32>> {
+        let mut all = self.0.lock().expect("shims lock");
+        for pids in all.values_mut() {
+            pids.retain(|p| Path::new(&format!("/proc/{p}")).exists());
+        }
+        all.retain(|_, pids| !pids.is_empty());
+        all.clone()
+    }
 }
 
 /// The kernel's subtree totals by (cgroup id, device).
@@ -101,6 +135,9 @@ pub struct LedgerView {
     pub cgroup_id: u64,
     /// What its shims have reserved, by GPU index.
     pub used: HashMap<u32, u64>,
+    /// What processes of its domain that never said Hello hold (kernel-observed, all
+    /// devices): they bypass the shim, so their bytes come off the shims' budget.
+    pub bypass: u64,
 }
 
 /// A cgroup with a memory limit of its own.
@@ -114,8 +151,8 @@ pub struct Limited {
 /// What to write into one ledger, by GPU index.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LedgerPlan {
-    /// The kernel's figure for the ledger's processes: its cgroup's subtree total minus the
-    /// subtrees of ledgers nested below it.
+    /// The kernel's figure for the ledger's shims: its cgroup's subtree total minus the
+    /// subtrees of ledgers nested below it and minus what bypassing processes hold.
     pub kernel_share: HashMap<u32, u64>,
     /// The memory limit; absent: no limit applies.
     pub limit: HashMap<u32, u64>,
@@ -159,9 +196,21 @@ pub fn plan(
                 .collect()
         })
         .collect();
+    let of = |m: &[HashMap<u32, u64>], i: usize, d: u32| m[i].get(&d).copied().unwrap_or(0);
+    // The shims' part of each share, and each ledger's whole usage: the shims' (their own
+    // figure or the kernel's, the larger) plus what bypasses them.
+    let shims: Vec<HashMap<u32, u64>> = share
+        .iter()
+        .zip(ledgers)
+        .map(|(s, l)| {
+            s.iter()
+                .map(|(d, b)| (*d, b.saturating_sub(l.bypass)))
+                .collect()
+        })
+        .collect();
     let used = |i: usize, d: u32| {
         let own = ledgers[i].used.get(&d).copied().unwrap_or(0);
-        own.max(share[i].get(&d).copied().unwrap_or(0))
+        own.max(of(&shims, i, d)) + ledgers[i].bypass.min(of(&share, i, d))
     };
     ledgers
         .iter()
@@ -174,19 +223,47 @@ pub fn plan(
                         .filter(|&x| x != i && is_under(&ledgers[x].cgroup, &p.cgroup))
                         .map(|x| used(x, d))
                         .sum();
-                    let kernel_rest = kernel(p.cgroup_id, d)
-                        .saturating_sub(share[i].get(&d).copied().unwrap_or(0));
-                    let budget = p.bytes.saturating_sub(others.max(kernel_rest));
+                    let kernel_rest = kernel(p.cgroup_id, d).saturating_sub(of(&share, i, d));
+                    let bypass = l.bypass.min(of(&share, i, d));
+                    let budget = p
+                        .bytes
+                        .saturating_sub(others.max(kernel_rest).saturating_add(bypass));
                     let e = limit.entry(d).or_insert(budget);
                     *e = (*e).min(budget);
                 }
             }
             LedgerPlan {
-                kernel_share: share[i].clone(),
+                kernel_share: shims[i].clone(),
                 limit,
             }
         })
         .collect()
+}
+
+/// What processes that never said Hello hold, per ledger: each process (host PID, cgroup,
+/// bytes, from the kernel's `procs`) belongs to the ledger of the deepest ledger cgroup
+/// above or at its cgroup.
+fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<u64> {
+    let mut out = vec![0; ledgers.len()];
+    let shims = state.shims.live();
+    let procs = state.kernel.lock().expect("kernel maps lock").procs();
+    let mut names = state.names.lock().expect("cgroup names lock");
+    for (pid, p) in procs.iter().filter(|(_, p)| p.bytes > 0) {
+        let Some(path) = names.path_of(p.cgroup_id) else {
+            continue;
+        };
+        let owner = (0..ledgers.len())
+            .filter(|&i| is_under(&path, &ledgers[i].cgroup))
+            .max_by_key(|&i| ledgers[i].cgroup.len());
+        if let Some(i) = owner
+            && !shims
+                .get(&ledgers[i].cgroup)
+                .is_some_and(|s| s.contains(pid))
+        {
+            out[i] += p.bytes;
+        }
+    }
+    out
 }
 
 /// Computes and writes every ledger's kernel figure and memory limit; `tree`: the kernel's
@@ -211,9 +288,20 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
             .iter()
             .position(|r| r.key.load(SeqCst) == key)
     };
+    // A sibling's budget must not wait for the publisher's once-a-second reclaim of a dead
+    // process's share: take dead slots back first (a few fcntl calls per slot in use).
+    for l in &ledgers {
+        let back = l.reclaim_dead();
+        if back > 0 {
+            tracing::info!(cgroup = %l.cgroup, bytes = back, "reclaimed the share of processes that died");
+        }
+    }
+    let bypass = bypass_bytes(state, &ledgers);
     let views: Vec<LedgerView> = ledgers
         .iter()
-        .map(|l| LedgerView {
+        .zip(bypass)
+        .map(|(l, bypass)| LedgerView {
+            bypass,
             cgroup: l.cgroup.clone(),
             cgroup_id: l.cgroup_id,
             used: uuids
@@ -245,7 +333,10 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
     let devices: Vec<u32> = uuids.keys().copied().collect();
     let plans = plan(&views, &limited, tree, &devices);
     for ((ledger, plan), fallback) in ledgers.iter().zip(&plans).zip(statics) {
-        let mut limits = [fallback.unwrap_or(NO_LIMIT); MAX_DEVICES];
+        // Records no shim has bound to a device yet get the lowest of the devices' budgets
+        // (exact on one GPU), so that the first allocations after binding are covered too.
+        let unbound = plan.limit.values().min().copied().or(fallback);
+        let mut limits = [unbound.unwrap_or(NO_LIMIT); MAX_DEVICES];
         for (d, uuid) in uuids {
             ledger.set_kernel_used(uuid, plan.kernel_share.get(d).copied().unwrap_or(0));
             if let Some(i) = record(ledger, uuid) {
@@ -313,6 +404,7 @@ mod tests {
 
     fn view(cgroup: &str, id: u64, used: u64) -> LedgerView {
         LedgerView {
+            bypass: 0,
             cgroup: cgroup.into(),
             cgroup_id: id,
             used: HashMap::from([(0, used)]),
@@ -374,5 +466,14 @@ mod tests {
         );
         let free = plan(&[view("/free", 9, 0)], &limited, &tree, &[0]);
         assert!(free[0].limit.is_empty());
+        // 3 of the 5 GiB are a process that bypasses the shim: the shims' figure leaves it
+        // out, and their limit does not cover it.
+        let mixed = [LedgerView {
+            bypass: 3 * GIB,
+            ..view("/pod", 1, 2 * GIB)
+        }];
+        let plans = plan(&mixed, &limited, &tree, &[0]);
+        assert_eq!(plans[0].kernel_share[&0], 2 * GIB);
+        assert_eq!(plans[0].limit[&0], 5 * GIB);
     }
 }

@@ -139,6 +139,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         ledgers: ledgers::Ledgers::default(),
         backstop: backstop::Backstop::default(),
         enforce: enforce::Enforcer::default(),
+        shims: budget::Shims::default(),
         on_exceed: args.on_exceed,
         names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
         libraries,

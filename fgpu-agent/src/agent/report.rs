@@ -26,6 +26,8 @@ pub struct State {
     pub access: Access,
     pub ledgers: Ledgers,
     pub backstop: Backstop,
+    /// Shims that said Hello, by ledger ([`super::budget`]).
+    pub shims: super::budget::Shims,
     /// Kernel limits sync and reconcile ([`super::enforce`]).
     pub enforce: Enforcer,
     pub on_exceed: OnExceed,

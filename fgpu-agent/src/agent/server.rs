@@ -115,7 +115,7 @@ async fn hello(
             .then(|| fds.into_iter().next())
             .flatten();
         // The ledger of the nearest limited cgroup, or the process's own (budget.rs).
-        super::budget::ledger_of(state, &cgroup, usage)
+        super::budget::ledger_of(state, pid, &cgroup, usage)
     })();
     match ledger {
         Ok(ledger) => {
