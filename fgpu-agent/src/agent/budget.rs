@@ -16,7 +16,9 @@
 //! `min over limited P above or at L of  limit(P) − max(others, kernel_rest)`, where
 //! `others` is what the other ledgers under P use (their shims' figure or the kernel's,
 //! whichever is larger) and `kernel_rest` is the kernel's total for P's subtree minus L's
-//! share (so processes that bypass the shim count too). Between two refreshes siblings can
+//! share (so processes that bypass the shim count too). What processes of L's own domain
+//! that never said Hello hold is taken off L's budget as well, and out of the kernel figure
+//! its shims compare with. Between two refreshes siblings can
 //! race past P's limit through their shims; the kernel backstop checks P exactly, on every
 //! allocation, and acts on the one that crosses.
 
@@ -64,8 +66,8 @@ pub fn ledger_for(store: &LimitStore, cgroup: &str) -> String {
 
 /// The ledger a process of `cgroup` gets ([`ledger_for`]), created on first use (around
 /// `usage`, a reconnecting shim's usage memfd) with its budget planned at once.
-/// `pid` (the host PID from SO_PEERCRED) is remembered as one of the ledger's shims: what
-/// the other processes of its domain hold is what bypasses the shim.
+/// `pid` (the host PID from SO_PEERCRED) is remembered as a shim: what the other processes
+/// of a ledger's domain hold bypasses the shim.
 pub fn ledger_of(
     state: &State,
     pid: u32,
@@ -81,7 +83,7 @@ pub fn ledger_of(
     let dir = state.cgroup2_mount.join(chosen.trim_start_matches('/'));
     let known = state.ledgers.get(&chosen).is_some();
     let ledger = state.ledgers.get_or_create(&chosen, &dir, usage, &limit)?;
-    state.shims.register(&chosen, pid);
+    state.shims.register(pid);
     if !known {
         if chosen != cgroup {
             tracing::info!(
@@ -96,29 +98,50 @@ pub fn ledger_of(
     Ok(ledger)
 }
 
-/// Host PIDs of the processes whose shim said Hello, by ledger cgroup.
+/// Which processes use the shim: those whose shim said Hello to this agent (host PIDs from
+/// SO_PEERCRED), and those holding a ledger's usage memfd (shims of an earlier agent that
+/// have not reconnected yet), looked up once per process.
 #[derive(Debug, Default)]
-pub struct Shims(Mutex<HashMap<String, HashSet<u32>>>);
+pub struct Shims(Mutex<ShimPids>);
+
+#[derive(Debug, Default)]
+struct ShimPids {
+    hello: HashSet<u32>,
+    looked_up: HashMap<u32, bool>,
+}
 
 impl Shims {
-    pub fn register(&self, ledger: &str, pid: u32) {
-        self.0
-            .lock()
-            .expect("shims lock")
-            .entry(ledger.to_string())
-            .or_default()
-            .insert(pid);
+    pub fn register(&self, pid: u32) {
+        self.0.lock().expect("shims lock").hello.insert(pid);
     }
 
-    /// Every registered PID, after forgetting those whose process is gone.
-    fn live(&self) -> HashMap<String, HashSet<u32>> {
-        let mut all = self.0.lock().expect("shims lock");
-        for pids in all.values_mut() {
-            pids.retain(|p| Path::new(&format!("/proc/{p}")).exists());
-        }
-        all.retain(|_, pids| !pids.is_empty());
-        all.clone()
+    /// Forgets processes that are gone.
+    fn prune(&self) {
+        let alive = |p: &u32| Path::new(&format!("/proc/{p}")).exists();
+        let mut s = self.0.lock().expect("shims lock");
+        s.hello.retain(alive);
+        s.looked_up.retain(|p, _| alive(p));
     }
+
+    fn uses_shim(&self, pid: u32) -> bool {
+        let mut s = self.0.lock().expect("shims lock");
+        if s.hello.contains(&pid) {
+            return true;
+        }
+        *s.looked_up
+            .entry(pid)
+            .or_insert_with(|| holds_usage_memfd(pid))
+    }
+}
+
+/// Whether process `pid` has a ledger's usage memfd open.
+fn holds_usage_memfd(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.filter_map(Result::ok).any(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:fgpu-usage"))
+        })
+    })
 }
 
 /// The kernel's subtree totals by (cgroup id, device).
@@ -240,12 +263,12 @@ pub fn plan(
         .collect()
 }
 
-/// What processes that never said Hello hold, per ledger: each process (host PID, cgroup,
-/// bytes, from the kernel's `procs`) belongs to the ledger of the deepest ledger cgroup
-/// above or at its cgroup.
+/// What processes that do not use the shim hold, per ledger: each process (host PID,
+/// cgroup, bytes, from the kernel's `procs`) belongs to the ledger of the deepest ledger
+/// cgroup above or at its cgroup.
 fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<u64> {
     let mut out = vec![0; ledgers.len()];
-    let shims = state.shims.live();
+    state.shims.prune();
     let procs = state.kernel.lock().expect("kernel maps lock").procs();
     let mut names = state.names.lock().expect("cgroup names lock");
     for (pid, p) in procs.iter().filter(|(_, p)| p.bytes > 0) {
@@ -256,9 +279,7 @@ fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<u64> {
             .filter(|&i| is_under(&path, &ledgers[i].cgroup))
             .max_by_key(|&i| ledgers[i].cgroup.len());
         if let Some(i) = owner
-            && !shims
-                .get(&ledgers[i].cgroup)
-                .is_some_and(|s| s.contains(pid))
+            && !state.shims.uses_shim(*pid)
         {
             out[i] += p.bytes;
         }
