@@ -377,10 +377,14 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 
 	/* A pointer handed out again while we still hold it means we missed its free. */
 	credit(tgid, tid, addr, api, rc, 0);
+	/*
+	 * A map that is full (or an element the kernel could not allocate) is no tenant's
+	 * doing: such allocations are counted (FGPU_CTR_MAP_FULL), never killed for. Only a
+	 * tenant's own bound applies its policy.
+	 */
 	tree = ancestry(cgroup_id);
 	if (!tree) {
 		count(FGPU_CTR_MAP_FULL);
-		over_bound(tgid, tid, cgroup_id, flags, NULL, addr, size, device, api);
 		return;
 	}
 	/* The tenant: the topmost limited ancestor within reach, else the cgroup itself. */
@@ -397,9 +401,12 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 		}
 	}
 	t = tenant_of(tenant);
+	if (!t) {
+		count(FGPU_CTR_MAP_FULL);
+		return;
+	}
 	p = bpf_map_lookup_elem(&procs, &tgid);
-	if (!t || t->allocs >= FGPU_TENANT_MAX_ALLOCS ||
-	    (!p && t->procs >= FGPU_TENANT_MAX_PROCS)) {
+	if (t->allocs >= FGPU_TENANT_MAX_ALLOCS || (!p && t->procs >= FGPU_TENANT_MAX_PROCS)) {
 		over_bound(tgid, tid, tenant, flags, t, addr, size, device, api);
 		return;
 	}
@@ -411,14 +418,12 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 		p = bpf_map_lookup_elem(&procs, &tgid);
 		if (!p) {
 			count(FGPU_CTR_MAP_FULL);
-			over_bound(tgid, tid, tenant, flags, t, addr, size, device, api);
 			return;
 		}
 	}
 	val.tenant = tenant;
 	if (bpf_map_update_elem(&allocs, &key, &val, BPF_NOEXIST) != 0) {
 		count(FGPU_CTR_MAP_FULL);
-		over_bound(tgid, tid, tenant, flags, t, addr, size, device, api);
 		return;
 	}
 	__sync_fetch_and_add(&t->allocs, 1);
