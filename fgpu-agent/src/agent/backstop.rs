@@ -42,8 +42,10 @@ pub struct Tally {
     pub kills: u64,
     /// Allocations not tracked because the tenant reached its bound.
     pub over_bound: u64,
-    /// Overruns found by the agent's reconcile pass.
+    /// Overruns found by the agent's reconcile pass that no kernel record explained.
     pub reconciled: u64,
+    /// When the last over-limit record came.
+    pub last_record: Option<std::time::Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -87,7 +89,10 @@ impl Backstop {
             let mut tallies = self.tallies.lock().expect("backstop lock");
             let t = tallies.entry(e.cgroup_id).or_default();
             match kind {
-                Some(EventKind::OverLimit) => t.over_limit += 1,
+                Some(EventKind::OverLimit) => {
+                    t.over_limit += 1;
+                    t.last_record = Some(std::time::Instant::now());
+                }
                 Some(EventKind::OverBound) => t.over_bound += 1,
                 _ => return,
             }

@@ -146,7 +146,15 @@ pub fn reconcile(state: &State, gc: bool) {
             .expect("cgroup names lock")
             .path_of(id)
             .unwrap_or_else(|| format!("cgroup {id}"));
-        if *passes == 1 {
+        // The kernel's own record of the crossing explains an overrun it reported lately
+        // (with `deny` the subtree stays over); one without such a record (lost in a full
+        // ring buffer, or a limit lowered below what is held) is reported here.
+        let recorded = state
+            .backstop
+            .tally(id)
+            .last_record
+            .is_some_and(|t| t.elapsed() < RECONCILE_EVERY * 3);
+        if *passes == 1 && !recorded {
             state.backstop.reconciled(id);
             tracing::warn!(
                 cgroup = path,
@@ -205,6 +213,12 @@ fn forget_gone(state: &State, snap: &super::kernel::Snapshot) {
         }
     }
     let existing = existing_ids(&state.cgroup2_mount);
+    state
+        .enforce
+        .seen
+        .lock()
+        .expect("enforcer lock")
+        .retain(|id| existing.contains(id));
     let gone: Vec<u64> = recorded
         .into_iter()
         .filter(|id| !busy.contains(id) && !existing.contains(id))
