@@ -413,3 +413,31 @@ fn privileged_a_tenant_that_fills_the_tracking_maps_meets_its_bound_and_others_s
     assert_eq!(row["memory_used_bytes"], 256 * MIB, "{row}");
     assert!(two.finish().success());
 }
+
+#[test]
+fn privileged_reconcile_reports_an_overrun_without_a_kernel_record_and_kills_its_largest_holder() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-e2e-reconcile"));
+    ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "1GiB"]));
+    let mut args = allocs(3, "256MiB");
+    args.extend(["sleep", "100", "sleep", "10000"]);
+    let mut load = spawn_bypass(&cg, &state, &args);
+    load.expect_line("sleep ok");
+    // No allocation crosses: the limit is lowered below what is held. Only the agent's
+    // reconcile pass can see it; with `kill` it takes the largest holder a pass later.
+    ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "512MiB"]));
+    let start = Instant::now();
+    let status = exit_status(&mut load);
+    assert_eq!(status, 128 + libc::SIGKILL, "{:?}", load.lines);
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(5), "killed after {took:?}");
+    let reported = log_lines(&agent, &["reconcile:", "over the"], 1);
+    assert_eq!(reported.len(), 1, "{reported:?}");
+    let killed = log_lines(&agent, &["reconcile: killed the largest holder"], 1);
+    assert_eq!(killed.len(), 1, "{}", agent.log_text());
+    assert!(killed[0].contains("(768MiB)"), "{killed:?}");
+}
