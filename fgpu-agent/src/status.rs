@@ -13,14 +13,34 @@ pub struct CgroupStatus {
     pub pids: Vec<u32>,
     /// Bytes the kernel saw allocated and not yet freed, all devices.
     pub memory_used_bytes: u64,
-    /// The cgroup's memory limit; `null` when it has none.
+    /// The memory limit that applies to the cgroup (the lowest of its own and its
+    /// ancestors'); `null` when none does.
     pub memory_limit_bytes: Option<u64>,
+    /// The cgroup whose limit `memory_limit_bytes` is (itself or an ancestor).
+    #[serde(default)]
+    pub memory_limit_from: Option<String>,
+    /// Bytes the kernel saw held by the cgroup and all its descendants, all devices: what
+    /// its own limit is checked against.
+    #[serde(default)]
+    pub memory_subtree_bytes: u64,
+    /// The cgroup whose ledger (budget) the cgroup's shims share: itself, or the limited
+    /// ancestor whose budget it is part of. `null` while no shim of it connected.
+    #[serde(default)]
+    pub ledger: Option<String>,
     /// Allocations refused because they would have crossed the limit.
     pub alloc_denied: u64,
     /// Times the kernel backstop found the cgroup over its limit (a process that bypassed
     /// the shim), and killed the process or reported it, per `--on-exceed`.
     #[serde(default)]
     pub over_limit_actions: u64,
+    /// Processes the kernel killed at the allocation that took the cgroup past its limit
+    /// (or past its bound on tracking entries), as reported by the kernel's records.
+    #[serde(default)]
+    pub kernel_kills: u64,
+    /// Allocations of this tenant not tracked because it reached its bound on tracking
+    /// entries (the policy applied to each).
+    #[serde(default)]
+    pub over_bound: u64,
     /// The same usage per device.
     pub devices: Vec<DeviceUsage>,
     /// Configured guaranteed compute share, percent (`null`: none).
@@ -58,8 +78,13 @@ impl CgroupStatus {
             pids: Vec::new(),
             memory_used_bytes: 0,
             memory_limit_bytes: None,
+            memory_limit_from: None,
+            memory_subtree_bytes: 0,
+            ledger: None,
             alloc_denied: 0,
             over_limit_actions: 0,
+            kernel_kills: 0,
+            over_bound: 0,
             devices: Vec::new(),
             compute_share_pct: None,
             compute_cap_pct: None,
@@ -92,6 +117,16 @@ pub struct KernelCounters {
     pub unknown_frees: u64,
     /// Probed calls that returned an error (nothing charged).
     pub failed_calls: u64,
+    /// Allocations that took a limited cgroup past its limit (the kernel acted on each).
+    #[serde(default)]
+    pub over_limit: u64,
+    /// Processes the kernel SIGKILLed at such an allocation (`--on-exceed kill`).
+    #[serde(default)]
+    pub killed: u64,
+    /// Allocations not tracked because their tenant reached its bound on tracking entries
+    /// (the policy applied to them).
+    #[serde(default)]
+    pub over_bound: u64,
 }
 
 /// Everything the agent answers to a status request.

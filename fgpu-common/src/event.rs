@@ -17,6 +17,12 @@ pub enum EventKind {
     Exit = 3,
     /// A process called exec: it may map a driver library soon.
     Exec = 4,
+    /// An allocation took a limited cgroup (`cgroup_id`, `cgroup_bytes` its subtree total)
+    /// past its limit; `result` is what the kernel did ([`action`]).
+    OverLimit = 5,
+    /// A tenant (`cgroup_id`) reached its bound on tracking entries; the allocation is not
+    /// tracked and `result` is what the kernel did ([`action`]).
+    OverBound = 6,
 }
 
 impl EventKind {
@@ -26,6 +32,8 @@ impl EventKind {
             2 => Some(Self::Free),
             3 => Some(Self::Exit),
             4 => Some(Self::Exec),
+            5 => Some(Self::OverLimit),
+            6 => Some(Self::OverBound),
             _ => None,
         }
     }
@@ -207,6 +215,63 @@ pub struct CgroupUsage {
 pub struct ProcUsage {
     pub cgroup_id: u64,
     pub bytes: u64,
+    /// The tenant the entry is counted against (see [`Tenant`]).
+    pub tenant: u64,
+}
+
+/// `FGPU_MAX_LEVELS`: the allocating cgroup and the ancestors above it that each
+/// allocation is charged to.
+pub const MAX_LEVELS: usize = 16;
+
+/// `struct fgpu_limit`: value of the `limits` map (key: cgroup id; key 0 holds the node's
+/// policy for tenants without a limit in `flags`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct KernelLimit {
+    /// Threshold per (cgroup, device) subtree total.
+    pub bytes: u64,
+    /// `FGPU_LIMIT_*`: [`KernelLimit::KILL`].
+    pub flags: u32,
+    pub pad: u32,
+}
+
+impl KernelLimit {
+    /// SIGKILL the process whose allocation crossed (else report only).
+    pub const KILL: u32 = 1;
+}
+
+/// `struct fgpu_cg_tree`: value of `cg_tree` (key: cgroup id): `anc[0]` the cgroup itself,
+/// `anc[i]` its i-th ancestor, 0 past the root.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct CgroupTree {
+    pub anc: [u64; MAX_LEVELS],
+}
+
+/// `struct fgpu_tenant`: value of `tenants` (key: the tenant's cgroup id).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(C)]
+pub struct Tenant {
+    /// Live entries in `allocs`.
+    pub allocs: i64,
+    /// Live entries in `procs`.
+    pub procs: i64,
+    /// Allocations refused tracking because a bound was reached.
+    pub over_bound: u64,
+}
+
+impl Tenant {
+    /// `FGPU_TENANT_MAX_ALLOCS`.
+    pub const MAX_ALLOCS: i64 = 16384;
+    /// `FGPU_TENANT_MAX_PROCS`.
+    pub const MAX_PROCS: i64 = 1024;
+}
+
+/// `FGPU_ACT_*`: what the kernel did about an over-limit or over-bound allocation (the
+/// `result` of those records); a negative value is `bpf_send_signal`'s error.
+pub mod action {
+    pub const REPORTED: i32 = 0;
+    pub const KILLED: i32 = 1;
 }
 
 /// Indexes into the `counters` array map (`FGPU_CTR_*`).
@@ -215,6 +280,9 @@ pub mod counter {
     pub const MAP_FULL: u32 = 1;
     pub const FAILED_CALLS: u32 = 2;
     pub const UNKNOWN_FREES: u32 = 3;
+    pub const OVER_LIMIT: u32 = 4;
+    pub const KILLED: u32 = 5;
+    pub const OVER_BOUND: u32 = 6;
     pub const MAX: u32 = 8;
 }
 
@@ -234,7 +302,14 @@ const _: () = {
     assert!(size_of::<CgroupKey>() == 16);
     assert!(offset_of!(CgroupKey, device) == 8);
     assert!(size_of::<CgroupUsage>() == 24);
-    assert!(size_of::<ProcUsage>() == 16);
+    assert!(size_of::<ProcUsage>() == 24);
+    assert!(offset_of!(ProcUsage, tenant) == 16);
+    assert!(size_of::<KernelLimit>() == 16);
+    assert!(offset_of!(KernelLimit, flags) == 8);
+    assert!(size_of::<CgroupTree>() == 8 * MAX_LEVELS);
+    assert!(size_of::<Tenant>() == 24);
+    assert!(offset_of!(Tenant, procs) == 8);
+    assert!(offset_of!(Tenant, over_bound) == 16);
 };
 
 #[cfg(test)]

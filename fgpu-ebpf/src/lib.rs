@@ -6,7 +6,8 @@
 //!
 //! Programs in the object:
 //! - [`PROG_ENTER`] (`uprobe`): on entry to every probed driver function; stores arguments.
-//! - [`PROG_LEAVE`] (`uretprobe`): on return; charges or credits successful calls.
+//! - [`PROG_LEAVE`] (`uretprobe`): on return; charges or credits successful calls, and
+//!   SIGKILLs (or reports) a process whose allocation takes a limited cgroup past its limit.
 //! - [`PROG_EXIT`] (`tracepoint/sched/sched_process_exit`): releases a dead process's bytes.
 //! - [`PROG_EXEC`] (`tracepoint/sched/sched_process_exec`): tells the agent a process started,
 //!   so it can look for driver libraries in it.
@@ -25,6 +26,10 @@ pub mod maps {
     pub const ALLOCS: &str = "allocs";
     pub const CG_USAGE: &str = "cg_usage";
     pub const PROCS: &str = "procs";
+    pub const TREE_USAGE: &str = "tree_usage";
+    pub const CG_TREE: &str = "cg_tree";
+    pub const LIMITS: &str = "limits";
+    pub const TENANTS: &str = "tenants";
     pub const COUNTERS: &str = "counters";
     pub const EVENTS: &str = "events";
 }
@@ -68,6 +73,8 @@ mod tests {
             PROG_EXIT,
             maps::EVENTS,
             maps::CG_USAGE,
+            maps::LIMITS,
+            maps::TREE_USAGE,
         ] {
             assert!(
                 obj.windows(name.len()).any(|w| w == name.as_bytes()),

@@ -1,141 +1,142 @@
-//! The kernel backstop: a process whose allocation takes its cgroup past the memory limit
-//! is dealt with even if it bypassed the shim (LD_PRELOAD unset, a static binary).
+//! The kernel backstop's reports: a process whose allocation takes a limited cgroup past its
+//! limit is dealt with in the kernel, synchronously, even if it bypassed the shim
+//! (LD_PRELOAD unset, a static binary); the agent logs and counts what the kernel did.
 //!
-//! Checked on every allocation event: the kernel reports the (cgroup, device) total right
-//! after that allocation, so the allocation that crossed the limit (and any made while over
-//! it) is the one acted on, however late the event is read.
+//! The return probe charges every ancestor of the allocating cgroup and compares each
+//! limited one's subtree total with its threshold (`limits` map, see [`super::enforce`]).
 //! Processes that use the shim never get there: the shim refuses first. Policies:
-//! - `kill` (default): SIGKILL the process whose allocation crossed the limit, like the
-//!   memory cgroup's OOM killer, with a log line and a counter.
-//! - `deny`: log and count; the shim's of that cgroup see the kernel figure and refuse
-//!   further allocations (a process without the shim is not stopped).
+//! - `kill` (default): the probe SIGKILLs the process before the crossing call returns to
+//!   it (so the allocation is never used), like the memory cgroup's OOM killer; the exit
+//!   tracepoint releases its memory.
+//! - `deny`: the kernel only reports; the shims of that cgroup see the kernel figure and
+//!   refuse further allocations (a process without the shim is not stopped).
+//!
+//! Either way the kernel sends an `OverLimit` record (or `OverBound`, for an allocation its
+//! tenant had no tracking room left for); this module turns them into log lines and per-
+//! cgroup counts. Totals and decisions never depend on these records: a lost record loses
+//! a log line, which [`super::enforce::reconcile`] makes up for.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use clap::ValueEnum;
-use fgpu_common::event::Event;
+use fgpu_common::event::{Event, EventKind, action};
 use fgpu_common::quantity::Size;
 
 use super::report::State;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnExceed {
-    /// Kill the process whose allocation crossed the limit.
+    /// Kill the process whose allocation crossed the limit (in the kernel, at once).
     Kill,
     /// Only report it; the shims in the cgroup refuse further allocations.
     Deny,
 }
 
-/// What the backstop remembers: limits by cgroup id (cleared when limits change) and what
-/// it did per cgroup.
+/// What the kernel did, per cgroup.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Tally {
+    /// Over-limit records (each an allocation that took the cgroup past its limit).
+    pub over_limit: u64,
+    /// Processes the kernel killed (over limit or over bound).
+    pub kills: u64,
+    /// Allocations not tracked because the tenant reached its bound.
+    pub over_bound: u64,
+    /// Overruns found by the agent's reconcile pass that no kernel record explained.
+    pub reconciled: u64,
+    /// When the last over-limit record came.
+    pub last_record: Option<std::time::Instant>,
+}
+
 #[derive(Debug, Default)]
 pub struct Backstop {
-    limits: Mutex<HashMap<u64, Option<u64>>>,
-    actions: Mutex<HashMap<u64, u64>>,
+    tallies: Mutex<HashMap<u64, Tally>>,
 }
 
 impl Backstop {
-    /// Forgets cached limits; called whenever a limit is set or removed.
-    pub fn limits_changed(&self) {
-        self.limits.lock().expect("backstop lock").clear();
-    }
+    /// Called when the kernel limits were rewritten (kept for the control path).
+    pub fn limits_changed(&self) {}
 
-    /// How many times the policy acted on a cgroup.
-    pub fn actions(&self, cgroup_id: u64) -> u64 {
-        self.actions
+    pub fn tally(&self, cgroup_id: u64) -> Tally {
+        self.tallies
             .lock()
             .expect("backstop lock")
             .get(&cgroup_id)
             .copied()
-            .unwrap_or(0)
+            .unwrap_or_default()
     }
 
-    /// Checks one allocation event.
-    pub fn check(&self, state: &State, e: &Event) {
-        let Some(limit) = self.limit_of(state, e.cgroup_id) else {
-            return;
-        };
-        let used = e.cgroup_bytes;
-        // The kernel side cannot see which device a cuMemAlloc-family call used (the calling
-        // thread's current context): on a node with N GPUs it charges them all to one key,
-        // so the backstop compares with N × the per-device limit there, never killing a
-        // process that is within its limits on every device (the shim still enforces each
-        // device exactly).
-        let devices = state.gpus.devices.len().max(1) as u64;
-        let limit = limit.saturating_mul(devices);
-        if used <= limit {
-            return;
-        }
-        *self
-            .actions
+    /// How many times the policy acted on a cgroup (kernel records and reconcile passes).
+    pub fn actions(&self, cgroup_id: u64) -> u64 {
+        let t = self.tally(cgroup_id);
+        t.over_limit + t.over_bound + t.reconciled
+    }
+
+    /// The reconcile pass found the cgroup over its limit.
+    pub fn reconciled(&self, cgroup_id: u64) {
+        self.tallies
             .lock()
             .expect("backstop lock")
-            .entry(e.cgroup_id)
-            .or_default() += 1;
+            .entry(cgroup_id)
+            .or_default()
+            .reconciled += 1;
+    }
+
+    /// Records one `OverLimit` or `OverBound` record from the kernel.
+    pub fn record(&self, state: &State, e: &Event) {
+        let kind = EventKind::from_raw(e.kind);
+        {
+            let mut tallies = self.tallies.lock().expect("backstop lock");
+            let t = tallies.entry(e.cgroup_id).or_default();
+            match kind {
+                Some(EventKind::OverLimit) => {
+                    t.over_limit += 1;
+                    t.last_record = Some(std::time::Instant::now());
+                }
+                Some(EventKind::OverBound) => t.over_bound += 1,
+                _ => return,
+            }
+            if e.result == action::KILLED {
+                t.kills += 1;
+            }
+        }
         let cgroup = state
             .names
             .lock()
             .expect("cgroup names lock")
             .path_of(e.cgroup_id)
             .unwrap_or_else(|| format!("cgroup {}", e.cgroup_id));
-        match state.on_exceed {
-            OnExceed::Kill => {
-                // SAFETY: kill(2) with a host PID from the kernel and a constant signal.
-                let rc = unsafe { libc::kill(e.tgid as i32, libc::SIGKILL) };
-                tracing::warn!(
-                    pid = e.tgid,
-                    cgroup,
-                    "killed: its allocation of {} took the cgroup to {} on device {}, over the \
-                     {} limit (kernel-observed; the process bypassed the shim){}",
-                    Size(e.size),
-                    Size(used),
-                    e.device,
-                    Size(limit),
-                    if rc == 0 {
-                        ""
-                    } else {
-                        " — kill failed, process already gone?"
-                    }
-                );
-            }
-            OnExceed::Deny => {
-                tracing::warn!(
-                    pid = e.tgid,
-                    cgroup,
-                    "over limit: an allocation of {} took the cgroup to {} on device {}, over \
-                     the {} limit; further allocations through the shim are refused",
-                    Size(e.size),
-                    Size(used),
-                    e.device,
-                    Size(limit)
-                );
-            }
-        }
-    }
-
-    fn limit_of(&self, state: &State, cgroup_id: u64) -> Option<u64> {
-        if let Some(cached) = self.limits.lock().expect("backstop lock").get(&cgroup_id) {
-            return *cached;
-        }
-        let path = state
-            .names
+        let limit = state
+            .limits
             .lock()
-            .expect("cgroup names lock")
-            .path_of(cgroup_id);
-        let limit = path.and_then(|p| {
-            state
-                .limits
-                .lock()
-                .expect("limits lock")
-                .effective(&p)
-                .0
-                .memory_bytes
-        });
-        self.limits
-            .lock()
-            .expect("backstop lock")
-            .insert(cgroup_id, limit);
-        limit
+            .expect("limits lock")
+            .own(&cgroup)
+            .and_then(|l| l.memory_bytes);
+        let what = match e.result {
+            action::KILLED => "killed by the kernel".to_string(),
+            action::REPORTED => "reported (--on-exceed deny)".to_string(),
+            rc => format!("the kernel could not kill it (bpf_send_signal {rc})"),
+        };
+        if kind == Some(EventKind::OverBound) {
+            tracing::warn!(
+                pid = e.tgid,
+                tenant = cgroup,
+                "over bound: an allocation of {} was not tracked, the tenant has no tracking \
+                 room left; {what}",
+                Size(e.size),
+            );
+            return;
+        }
+        tracing::warn!(
+            pid = e.tgid,
+            cgroup,
+            "over limit: its allocation of {} took the cgroup's subtree to {} ({} bytes) on \
+             device {}, over the {} limit; {what}",
+            Size(e.size),
+            Size(e.cgroup_bytes),
+            e.cgroup_bytes,
+            e.device,
+            limit.map_or_else(|| "-".to_string(), |l| Size(l).to_string()),
+        );
     }
 }

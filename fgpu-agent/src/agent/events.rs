@@ -1,7 +1,7 @@
 //! Draining the kernel's event ring buffer.
 //!
-//! Totals never depend on these events (they live in maps); the events feed the log and the
-//! counters, and later the limit enforcement that must react to each allocation.
+//! Totals and the kernel backstop's decisions never depend on these events (they live in
+//! maps and in the probe); the events feed the log and the counters.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,14 +49,16 @@ pub async fn drain(ring: RingBuf<MapData>, state: Arc<State>) -> Result<()> {
 fn record(state: &State, e: &Event) {
     let api = ApiId::from_raw(e.api).map_or("-", ApiId::name);
     let counter = match EventKind::from_raw(e.kind) {
-        Some(EventKind::Alloc) => {
-            state.backstop.check(state, e);
-            &state.events.allocs
-        }
+        Some(EventKind::Alloc) => &state.events.allocs,
         Some(EventKind::Free) => &state.events.frees,
+        Some(EventKind::OverLimit | EventKind::OverBound) => {
+            state.backstop.record(state, e);
+            return;
+        }
         Some(EventKind::Exec) => {
             // The watcher may be gone only while the agent shuts down.
             let _ = state.exec_tx.send(e.tgid);
+            state.enforce.note_cgroup(e.cgroup_id);
             return;
         }
         Some(EventKind::Exit) => {

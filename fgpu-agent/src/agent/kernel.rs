@@ -1,13 +1,17 @@
-//! Reading what the kernel side recorded: the `cg_usage`, `procs` and `counters` maps.
+//! Reading what the kernel side recorded (`cg_usage`, `tree_usage`, `procs`, `tenants`,
+//! `counters`) and writing the one map the agent owns, `limits`.
 //!
 //! The totals live in maps updated with atomic adds in the kernel, so they stay exact even
-//! if ring-buffer events are dropped; the agent only reads them.
+//! if ring-buffer events are dropped; the agent only reads them (and deletes entries of
+//! cgroups that are gone and hold nothing, see [`super::enforce`]).
 
 use anyhow::{Context, Result};
 use aya::Ebpf;
 use aya::Pod;
 use aya::maps::{Array, HashMap, MapData};
-use fgpu_common::event::{CgroupKey, CgroupUsage, ProcUsage, counter};
+use fgpu_common::event::{
+    CgroupKey, CgroupTree, CgroupUsage, KernelLimit, ProcUsage, Tenant, counter,
+};
 
 use crate::status::KernelCounters;
 
@@ -21,6 +25,15 @@ struct Usage(CgroupUsage);
 #[derive(Clone, Copy)]
 #[repr(transparent)]
 struct Proc(ProcUsage);
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Lim(KernelLimit);
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Tree(CgroupTree);
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Ten(Tenant);
 
 // SAFETY: #[repr(transparent)] over #[repr(C)] structs of integers with no padding holes
 // the kernel could leave uninitialised (layouts asserted in fgpu_common::event).
@@ -29,17 +42,29 @@ unsafe impl Pod for Key {}
 unsafe impl Pod for Usage {}
 // SAFETY: as above.
 unsafe impl Pod for Proc {}
+// SAFETY: as above.
+unsafe impl Pod for Lim {}
+// SAFETY: as above.
+unsafe impl Pod for Tree {}
+// SAFETY: as above.
+unsafe impl Pod for Ten {}
 
 /// A consistent-enough copy of the kernel's view (each entry is read atomically).
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
     pub usage: Vec<(CgroupKey, CgroupUsage)>,
+    /// Subtree totals: bytes held by a cgroup and all its descendants, per device.
+    pub tree: Vec<(CgroupKey, u64)>,
     pub procs: Vec<(u32, ProcUsage)>,
     pub counters: KernelCounters,
 }
 
 pub struct KernelMaps {
     usage: HashMap<MapData, Key, Usage>,
+    tree: HashMap<MapData, Key, u64>,
+    cg_tree: HashMap<MapData, u64, Tree>,
+    limits: HashMap<MapData, u64, Lim>,
+    tenants: HashMap<MapData, u64, Ten>,
     procs: HashMap<MapData, u32, Proc>,
     counters: Array<MapData, u64>,
 }
@@ -50,14 +75,19 @@ impl KernelMaps {
             ebpf.take_map(name)
                 .with_context(|| format!("eBPF object lacks map {name}"))
         };
+        use fgpu_ebpf::maps;
         Ok(Self {
-            usage: HashMap::try_from(take(fgpu_ebpf::maps::CG_USAGE)?)?,
-            procs: HashMap::try_from(take(fgpu_ebpf::maps::PROCS)?)?,
-            counters: Array::try_from(take(fgpu_ebpf::maps::COUNTERS)?)?,
+            usage: HashMap::try_from(take(maps::CG_USAGE)?)?,
+            tree: HashMap::try_from(take(maps::TREE_USAGE)?)?,
+            cg_tree: HashMap::try_from(take(maps::CG_TREE)?)?,
+            limits: HashMap::try_from(take(maps::LIMITS)?)?,
+            tenants: HashMap::try_from(take(maps::TENANTS)?)?,
+            procs: HashMap::try_from(take(maps::PROCS)?)?,
+            counters: Array::try_from(take(maps::COUNTERS)?)?,
         })
     }
 
-    /// The per-(cgroup, device) totals alone.
+    /// The per-(cgroup, device) totals of each cgroup's own processes.
     pub fn usage(&self) -> Vec<(CgroupKey, CgroupUsage)> {
         // An entry deleted while we iterate ends that walk early; what was read stays valid.
         self.usage
@@ -67,23 +97,84 @@ impl KernelMaps {
             .collect()
     }
 
-    pub fn snapshot(&self) -> Snapshot {
-        let usage = self.usage();
-        let procs = self
-            .procs
+    /// The per-(cgroup, device) subtree totals.
+    pub fn tree(&self) -> Vec<(CgroupKey, u64)> {
+        self.tree
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k.0, v))
+            .collect()
+    }
+
+    /// The processes holding GPU memory.
+    pub fn procs(&self) -> Vec<(u32, ProcUsage)> {
+        self.procs
             .iter()
             .filter_map(Result::ok)
             .map(|(k, v)| (k, v.0))
-            .collect();
+            .collect()
+    }
+
+    /// The limits the kernel enforces, by cgroup id (0: the node's default policy).
+    pub fn limits(&self) -> Vec<(u64, KernelLimit)> {
+        self.limits
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k, v.0))
+            .collect()
+    }
+
+    pub fn set_limit(&mut self, cgroup_id: u64, limit: KernelLimit) -> Result<()> {
+        self.limits
+            .insert(cgroup_id, Lim(limit), 0)
+            .with_context(|| format!("writing the kernel limit of cgroup {cgroup_id}"))
+    }
+
+    pub fn remove_limit(&mut self, cgroup_id: u64) -> Result<()> {
+        self.limits
+            .remove(&cgroup_id)
+            .with_context(|| format!("removing the kernel limit of cgroup {cgroup_id}"))
+    }
+
+    /// Cgroups whose ancestry the kernel recorded.
+    pub fn recorded_cgroups(&self) -> Vec<u64> {
+        self.cg_tree.keys().filter_map(Result::ok).collect()
+    }
+
+    /// Forgets what the kernel recorded about a cgroup that is gone and holds nothing.
+    pub fn forget_cgroup(&mut self, cgroup_id: u64, devices: &[u32]) {
+        let _ = self.cg_tree.remove(&cgroup_id);
+        for &device in devices {
+            let key = Key(CgroupKey {
+                cgroup_id,
+                device,
+                pad: 0,
+            });
+            let _ = self.tree.remove(&key);
+        }
+        if self
+            .tenants
+            .get(&cgroup_id, 0)
+            .is_ok_and(|t| t.0.allocs <= 0 && t.0.procs <= 0)
+        {
+            let _ = self.tenants.remove(&cgroup_id);
+        }
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
         let get = |idx| self.counters.get(&idx, 0).unwrap_or(0);
         Snapshot {
-            usage,
-            procs,
+            usage: self.usage(),
+            tree: self.tree(),
+            procs: self.procs(),
             counters: KernelCounters {
                 ringbuf_drops: get(counter::RINGBUF_DROPS),
                 map_full: get(counter::MAP_FULL),
                 unknown_frees: get(counter::UNKNOWN_FREES),
                 failed_calls: get(counter::FAILED_CALLS),
+                over_limit: get(counter::OVER_LIMIT),
+                killed: get(counter::KILLED),
+                over_bound: get(counter::OVER_BOUND),
             },
         }
     }

@@ -92,6 +92,17 @@ impl CgroupLedger {
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
+    /// Writes per-device memory limits (the hierarchical budgets of [`super::budget`],
+    /// indexed like the ledger's device records). Shims read the limit on every allocation,
+    /// so the generation (which makes them re-read compute settings) is not bumped.
+    pub fn set_memory_limits(&self, limits: &[u64; MAX_DEVICES]) {
+        for (d, &v) in self.ledger().limits.devices.iter().zip(limits) {
+            if d.memory_limit.load(std::sync::atomic::Ordering::SeqCst) != v {
+                d.memory_limit.store(v, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    }
+
     /// Allocations the shims refused, all devices.
     pub fn denied(&self) -> u64 {
         self.ledger()

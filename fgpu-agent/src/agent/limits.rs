@@ -1,8 +1,10 @@
 //! Limits per cgroup, persisted in the state directory.
 //!
-//! A limit belongs to a cgroup and is inherited by its descendants unless they have their
-//! own, field by field: a child with only a compute share still gets its parent's memory
-//! limit. The file is rewritten atomically (temporary file, fsync, rename) on every change,
+//! A memory limit on a cgroup covers all processes of all its descendants together (the
+//! kernel checks every limited ancestor of an allocating cgroup; the shims' budgets are
+//! chosen in [`super::budget`]); a descendant may have a lower limit of its own, and the
+//! lowest on the way to the root is the one that applies. Compute settings are inherited
+//! field by field from the nearest cgroup that sets them. The file is rewritten atomically (temporary file, fsync, rename) on every change,
 //! and a change that cannot be persisted is not applied.
 
 use std::collections::BTreeMap;
@@ -58,8 +60,9 @@ impl LimitStore {
         self.limits.iter()
     }
 
-    /// The limit that applies to `cgroup`: each field from the nearest of the cgroup and its
-    /// ancestors that sets it. Returns the limit and where its memory limit comes from.
+    /// The limit that applies to `cgroup`: the lowest memory limit of the cgroup and its
+    /// ancestors (the nearest on a tie), compute fields from the nearest that sets them.
+    /// Returns the limit and the cgroup whose memory limit it is.
     pub fn effective(&self, cgroup: &str) -> (Limit, Option<String>) {
         let mut out = Limit::default();
         let mut memory_from = None;
@@ -67,8 +70,10 @@ impl LimitStore {
             let Some(l) = self.limits.get(path) else {
                 continue;
             };
-            if out.memory_bytes.is_none() && l.memory_bytes.is_some() {
-                out.memory_bytes = l.memory_bytes;
+            if let Some(m) = l.memory_bytes
+                && out.memory_bytes.is_none_or(|cur| m < cur)
+            {
+                out.memory_bytes = Some(m);
                 memory_from = Some(path.to_string());
             }
             out.compute_pct = out.compute_pct.or(l.compute_pct);
@@ -125,7 +130,7 @@ impl LimitStore {
 }
 
 /// `/a/b/c`, `/a/b`, `/a`, `/`.
-fn ancestors(cgroup: &str) -> impl Iterator<Item = &str> {
+pub fn ancestors(cgroup: &str) -> impl Iterator<Item = &str> {
     let mut next = Some(cgroup);
     std::iter::from_fn(move || {
         let cur = next?;
@@ -187,6 +192,26 @@ mod tests {
         assert_eq!(eff.compute_pct, Some(30));
         assert_eq!(from.as_deref(), Some("/team"));
         assert_eq!(s.effective("/other").0, Limit::default());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_lowest_memory_limit_on_the_way_up_applies() {
+        let d = dir();
+        let mut s = LimitStore::open(&d).unwrap();
+        s.set("/pod", &mem(8 << 30)).unwrap();
+        s.set("/pod/small", &mem(2 << 30)).unwrap();
+        s.set("/pod/big", &mem(16 << 30)).unwrap();
+        let (eff, from) = s.effective("/pod/small/x");
+        assert_eq!(
+            (eff.memory_bytes, from.as_deref()),
+            (Some(2 << 30), Some("/pod/small"))
+        );
+        let (eff, from) = s.effective("/pod/big");
+        assert_eq!(
+            (eff.memory_bytes, from.as_deref()),
+            (Some(8 << 30), Some("/pod"))
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 

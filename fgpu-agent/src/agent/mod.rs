@@ -5,11 +5,13 @@
 //! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
 
 mod backstop;
+mod budget;
 mod cgroups;
 mod compute;
 mod control;
 mod discovery;
 mod doors;
+mod enforce;
 mod events;
 mod gpus;
 mod kernel;
@@ -87,8 +89,8 @@ pub struct AgentArgs {
     #[arg(long)]
     sim: bool,
 
-    /// What to do when the kernel sees a cgroup over its memory limit (an allocation that
-    /// bypassed the shim): kill the process that allocated, or only report it.
+    /// What the kernel does when an allocation takes a cgroup past its memory limit (one
+    /// that bypassed the shim): kill the process at that allocation, or only report it.
     #[arg(long, value_enum, default_value = "kill")]
     on_exceed: backstop::OnExceed,
 
@@ -161,6 +163,8 @@ pub fn run(args: AgentArgs) -> Result<()> {
         access,
         ledgers: ledgers::Ledgers::default(),
         backstop: backstop::Backstop::default(),
+        enforce: enforce::Enforcer::default(),
+        shims: budget::Shims::default(),
         on_exceed: args.on_exceed,
         names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
         libraries,
@@ -175,6 +179,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
             .spawn(move || compute::run(&state.ledgers, &state.compute))
             .context("starting the compute controller")?;
     }
+
+    // The kernel enforces from here on, also over maps a previous agent pinned.
+    let written = enforce::sync(&state);
+    tracing::info!(written, "kernel limits in sync with the limit store");
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -210,6 +218,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
             doors::Limits::admin(),
             Arc::clone(&state),
         );
+        let enforce_task = tokio::spawn(enforce::run(Arc::clone(&state)));
         let served = tokio::select! {
             () = serve_containers => Ok(()),
             () = serve_admin => Ok(()),
@@ -217,6 +226,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         };
         events_task.abort();
         publisher_task.abort();
+        enforce_task.abort();
         served
     });
     let _ = std::fs::remove_file(&args.socket);

@@ -1,6 +1,6 @@
 //! Keeping the kernel side running across agent restarts.
 //!
-//! The maps that hold state (`call_args`, `allocs`, `cg_usage`, `procs`, `counters`) and
+//! The maps that hold state ([`PINNED_MAPS`], the limits included) and
 //! every probe link are pinned under one bpffs directory (default `/sys/fs/bpf/fgpu`). When
 //! the agent stops — crash, upgrade, restart — the probes stay attached and keep charging
 //! and crediting into the pinned maps, so nothing allocated or freed meanwhile is missed, and
@@ -18,7 +18,18 @@ use aya::EbpfLoader;
 use aya::programs::links::FdLink;
 
 /// Maps whose contents must outlive an agent.
-pub const PINNED_MAPS: [&str; 5] = ["call_args", "allocs", "cg_usage", "procs", "counters"];
+/// `limits` is among them, so the kernel keeps enforcing while no agent runs.
+pub const PINNED_MAPS: [&str; 9] = [
+    "call_args",
+    "allocs",
+    "cg_usage",
+    "procs",
+    "counters",
+    "tree_usage",
+    "cg_tree",
+    "limits",
+    "tenants",
+];
 
 pub struct Pins {
     pub dir: PathBuf,

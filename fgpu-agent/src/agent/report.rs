@@ -10,6 +10,7 @@ use super::backstop::{Backstop, OnExceed};
 use super::cgroups::CgroupNames;
 use super::compute::ComputeStatus;
 use super::control::Access;
+use super::enforce::Enforcer;
 use super::events::EventCounts;
 use super::gpus::Gpus;
 use super::kernel::{KernelMaps, Snapshot};
@@ -25,6 +26,10 @@ pub struct State {
     pub access: Access,
     pub ledgers: Ledgers,
     pub backstop: Backstop,
+    /// Shims that said Hello, by ledger ([`super::budget`]).
+    pub shims: super::budget::Shims,
+    /// Kernel limits sync and reconcile ([`super::enforce`]).
+    pub enforce: Enforcer,
     pub on_exceed: OnExceed,
     pub names: Mutex<CgroupNames>,
     /// Driver libraries the probes are attached to.
@@ -42,27 +47,54 @@ impl State {
         let mut names = self.names.lock().expect("cgroup names lock");
         let mut report = build(&snap, |id| names.path_of(id));
         let limits = self.limits.lock().expect("limits lock");
-        // Cgroups the compute controller schedules get a row even without memory.
+        // Cgroups the compute controller schedules get a row even without memory, and so do
+        // limited cgroups whose subtree holds memory (a pod whose containers allocate).
         let compute = self.compute.all();
         for cgroup in compute.keys() {
             if !report.cgroups.iter().any(|r| &r.cgroup == cgroup) {
                 report.cgroups.push(CgroupStatus::empty(cgroup.clone()));
             }
         }
+        let mut subtree: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        for (key, bytes) in &snap.tree {
+            *subtree.entry(key.cgroup_id).or_default() += bytes;
+        }
+        for (path, limit) in limits.all() {
+            if limit.memory_bytes.is_none() || report.cgroups.iter().any(|r| &r.cgroup == path) {
+                continue;
+            }
+            if let Some(id) = super::enforce::cgroup_id(&self.cgroup2_mount, path)
+                && subtree.get(&id).is_some_and(|b| *b > 0)
+            {
+                report.cgroups.push(CgroupStatus {
+                    cgroup_id: id,
+                    ..CgroupStatus::empty(path.clone())
+                });
+            }
+        }
         report.cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
         let nvml = nvml_by_cgroup(&self.gpus);
         for row in &mut report.cgroups {
             row.compute_nvml_pct = nvml.get(&row.cgroup).map(|p| (p * 10.0).round() / 10.0);
-            let effective = limits.effective(&row.cgroup).0;
+            let (effective, from) = limits.effective(&row.cgroup);
             row.compute_share_pct = effective.compute_pct;
             row.compute_cap_pct = effective.compute_cap_pct;
             let figures = compute.get(&row.cgroup);
             row.compute_used_pct = figures.map(|f| (f.used_pct * 10.0).round() / 10.0);
             row.compute_turn_pct = figures.map(|f| (f.turn_pct * 10.0).round() / 10.0);
             row.compute_corun = figures.is_some_and(|f| f.corun);
-            row.memory_limit_bytes = limits.effective(&row.cgroup).0.memory_bytes;
+            row.memory_limit_bytes = effective.memory_bytes;
+            row.memory_limit_from = from;
+            row.memory_subtree_bytes = subtree.get(&row.cgroup_id).copied().unwrap_or(0);
+            let tally = self.backstop.tally(row.cgroup_id);
             row.over_limit_actions = self.backstop.actions(row.cgroup_id);
-            row.alloc_denied = self.ledgers.get(&row.cgroup).map_or(0, |l| l.denied());
+            row.kernel_kills = tally.kills;
+            row.over_bound = tally.over_bound;
+            let ledger = super::budget::ledger_for(&limits, &row.cgroup);
+            if let Some(l) = self.ledgers.get(&ledger) {
+                row.alloc_denied = l.denied();
+                row.ledger = Some(ledger);
+            }
         }
         report.libraries = self.libraries.lock().expect("libraries lock").clone();
         report
@@ -70,12 +102,18 @@ impl State {
 }
 
 impl State {
-    /// Writes every ledger's effective limit again (after a limit changed).
+    /// After a limit changed: writes the kernel's limits, every ledger's effective limit,
+    /// and the hierarchical budgets.
     pub fn apply_limits(&self) {
-        let limits = self.limits.lock().expect("limits lock");
-        for ledger in self.ledgers.all() {
-            ledger.apply(&limits.effective(&ledger.cgroup).0);
+        super::enforce::sync(self);
+        {
+            let limits = self.limits.lock().expect("limits lock");
+            for ledger in self.ledgers.all() {
+                ledger.apply(&limits.effective(&ledger.cgroup).0);
+            }
         }
+        let tree = self.kernel.lock().expect("kernel maps lock").tree();
+        super::budget::refresh(self, &super::budget::tree_by_key(&tree));
     }
 }
 
@@ -216,6 +254,7 @@ mod tests {
                     ProcUsage {
                         cgroup_id: 7,
                         bytes: 500,
+                        tenant: 7,
                     },
                 ),
                 (
@@ -223,6 +262,7 @@ mod tests {
                     ProcUsage {
                         cgroup_id: 7,
                         bytes: 1,
+                        tenant: 7,
                     },
                 ),
                 (
@@ -230,9 +270,11 @@ mod tests {
                     ProcUsage {
                         cgroup_id: 9,
                         bytes: 0,
+                        tenant: 9,
                     },
                 ),
             ],
+            tree: Vec::new(),
             counters: Default::default(),
         };
         let report = build(&snap, |id| (id != 8).then(|| format!("/job-{id}")));

@@ -296,7 +296,7 @@ impl Conn {
 }
 
 /// A shim introduces itself: find its cgroup from its PID (the kernel's word, not the
-/// shim's) and hand over that cgroup's ledger.
+/// shim's) and hand over the ledger whose budget that cgroup is under.
 async fn hello(
     stream: &UnixStream,
     state: &State,
@@ -322,14 +322,8 @@ async fn hello(
         let usage = (hello.flags & shim::HELLO_HAS_USAGE_FD != 0)
             .then(|| fds.into_iter().next())
             .flatten();
-        let limit = state
-            .limits
-            .lock()
-            .expect("limits lock")
-            .effective(&cgroup)
-            .0;
-        let dir = state.cgroup2_mount.join(cgroup.trim_start_matches('/'));
-        state.ledgers.get_or_create(&cgroup, &dir, usage, &limit)
+        // The ledger of the nearest limited cgroup, or the process's own (budget.rs).
+        super::budget::ledger_of(state, pid, &cgroup, usage)
     })();
     match ledger {
         Ok(ledger) => {

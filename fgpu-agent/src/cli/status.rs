@@ -67,7 +67,7 @@ pub fn table(report: &StatusReport) -> String {
         .unwrap_or(6);
     let _ = writeln!(
         out,
-        "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}",
+        "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  LIMIT-FROM",
         "CGROUP", "PIDS", "USED", "LIMIT", "DENIED", "COMPUTE", "TURNS", "GPU-TIME"
     );
     for c in &report.cgroups {
@@ -100,9 +100,13 @@ pub fn table(report: &StatusReport) -> String {
             c.compute_turn_pct
                 .map_or_else(|| "-".to_string(), |t| format!("{t:.1}%"))
         };
+        let from = match &c.memory_limit_from {
+            Some(f) if *f != c.cgroup => f.as_str(),
+            _ => "",
+        };
         let _ = writeln!(
             out,
-            "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}",
+            "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  {from}",
             c.cgroup,
             pids,
             Size(c.memory_used_bytes).to_string(),
@@ -127,7 +131,7 @@ pub fn table(report: &StatusReport) -> String {
     let k = &report.counters;
     let _ = writeln!(
         out,
-        "\nprobed: {}\nkernel: {} events dropped, {} untracked (map full), {} frees of unknown pointers, {} failed calls",
+        "\nprobed: {}\nkernel: {} events dropped, {} untracked (map full), {} frees of unknown pointers, {} failed calls\nbackstop: {} allocations over a limit, {} processes killed, {} allocations past a tenant's tracking bound",
         if report.libraries.is_empty() {
             "-".to_string()
         } else {
@@ -136,7 +140,10 @@ pub fn table(report: &StatusReport) -> String {
         k.ringbuf_drops,
         k.map_full,
         k.unknown_frees,
-        k.failed_calls
+        k.failed_calls,
+        k.over_limit,
+        k.killed,
+        k.over_bound
     );
     out
 }

@@ -8,12 +8,22 @@
  * success only, charges or credits. Storing by thread makes a second attachment of the
  * same code harmless (the entry overwrites, the first return consumes).
  *
- * State kept here (user space only reads it):
- *   allocs   (tgid, pointer or VMM handle) -> (size, cgroup, device)
- *   cg_usage (cgroup, device) -> bytes held, allocs, frees
- *   procs    tgid -> cgroup, bytes held; a group leader's exit releases the process
- *   counters drops and anomalies, never silent
- *   events   ring buffer of struct fgpu_event for the agent
+ * State kept here (user space reads it; the agent writes `limits` only):
+ *   allocs     (tgid, pointer or VMM handle) -> (size, cgroup, device, tenant)
+ *   cg_usage   (cgroup, device) -> bytes held by the cgroup's own processes, allocs, frees
+ *   tree_usage (cgroup, device) -> bytes held by the cgroup and all its descendants
+ *   cg_tree    cgroup -> its ancestry (struct fgpu_cg_tree)
+ *   limits     cgroup -> threshold and policy (struct fgpu_limit), written by the agent
+ *   tenants    tenant -> live tracking entries (struct fgpu_tenant)
+ *   procs      tgid -> cgroup, bytes held, tenant; a group leader's exit releases the process
+ *   counters   drops and anomalies, never silent
+ *   events     ring buffer of struct fgpu_event for the agent
+ *
+ * The backstop is synchronous: the return probe charges every ancestor of the allocating
+ * cgroup, and when a successful allocation takes a limited one past its threshold it sends
+ * SIGKILL to the process (policy FGPU_LIMIT_KILL) before the call returns to it, so the
+ * allocation is never used, whatever the agent is doing; it reports it either way
+ * (FGPU_EV_OVER_LIMIT). The memory is released by the exit tracepoint as for any process.
  *
  * Process exec is reported too (FGPU_EV_EXEC), so the agent can look for driver libraries
  * (a container's own copy of libcuda) in new processes soon after they start.
@@ -49,6 +59,7 @@ struct alloc_key {
 struct alloc_val {
 	__u64 size;
 	__u64 cgroup_id;
+	__u64 tenant;
 	__u32 device;
 	__u32 pad;
 };
@@ -81,6 +92,45 @@ struct {
 	__type(key, __u32);
 	__type(value, struct fgpu_proc);
 } procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct fgpu_cg_key);
+	__type(value, __u64);
+} tree_usage SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, struct fgpu_cg_tree);
+} cg_tree SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct fgpu_limit);
+} limits SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, struct fgpu_tenant);
+} tenants SEC(".maps");
+
+/* Room to build a cgroup's ancestry off the stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fgpu_cg_tree);
+} scratch SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -152,19 +202,71 @@ static __always_inline __u64 cg_add(__u64 cgroup_id, __u32 device, __u64 delta, 
 	return __sync_fetch_and_add(&u->bytes, delta) + delta;
 }
 
-static __always_inline void proc_add(__u32 tgid, __u64 cgroup_id, __u64 delta)
+/* Adds `delta` to a subtree total; returns the total right after this change. */
+static __always_inline __u64 tree_add(__u64 cgroup_id, __u32 device, __u64 delta)
+{
+	struct fgpu_cg_key key = { .cgroup_id = cgroup_id, .device = device };
+	__u64 *t = bpf_map_lookup_elem(&tree_usage, &key);
+
+	if (!t) {
+		__u64 zero = 0;
+
+		bpf_map_update_elem(&tree_usage, &key, &zero, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&tree_usage, &key);
+		if (!t) {
+			count(FGPU_CTR_MAP_FULL);
+			return 0;
+		}
+	}
+	return __sync_fetch_and_add(t, delta) + delta;
+}
+
+/* Credits `size` to every recorded ancestor of `cgroup_id` (frees and exit releases). */
+static __always_inline void tree_credit(__u64 cgroup_id, __u32 device, __u64 size)
+{
+	struct fgpu_cg_tree *tree = bpf_map_lookup_elem(&cg_tree, &cgroup_id);
+
+	if (!tree)
+		return;
+	for (int i = 0; i < FGPU_MAX_LEVELS; i++) {
+		if (!tree->anc[i])
+			break;
+		tree_add(tree->anc[i], device, -size);
+	}
+}
+
+static __always_inline struct fgpu_tenant *tenant_of(__u64 tenant)
+{
+	struct fgpu_tenant *t = bpf_map_lookup_elem(&tenants, &tenant);
+
+	if (!t) {
+		struct fgpu_tenant zero = {};
+
+		bpf_map_update_elem(&tenants, &tenant, &zero, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&tenants, &tenant);
+	}
+	return t;
+}
+
+static __always_inline void tenant_add(__u64 tenant, __s64 allocs, __s64 procs)
+{
+	struct fgpu_tenant *t = bpf_map_lookup_elem(&tenants, &tenant);
+
+	if (!t)
+		return;
+	if (allocs)
+		__sync_fetch_and_add(&t->allocs, allocs);
+	if (procs)
+		__sync_fetch_and_add(&t->procs, procs);
+}
+
+/* Adds `delta` to a process's bytes; the entry must exist (charge creates it). */
+static __always_inline void proc_add(__u32 tgid, __u64 delta)
 {
 	struct fgpu_proc *p = bpf_map_lookup_elem(&procs, &tgid);
 
-	if (!p) {
-		struct fgpu_proc fresh = { .cgroup_id = cgroup_id };
-
-		bpf_map_update_elem(&procs, &tgid, &fresh, BPF_NOEXIST);
-		p = bpf_map_lookup_elem(&procs, &tgid);
-		if (!p)
-			return;
-	}
-	__sync_fetch_and_add(&p->bytes, delta);
+	if (p)
+		__sync_fetch_and_add(&p->bytes, delta);
 }
 
 /*
@@ -188,9 +290,76 @@ static __always_inline __u64 credit(__u32 tgid, __u32 tid, __u64 addr, __u32 api
 	if (bpf_map_delete_elem(&allocs, &key) != 0)
 		return 0; /* a concurrent free of the same pointer won the race */
 	total = cg_add(val.cgroup_id, val.device, -val.size, 0);
-	proc_add(tgid, val.cgroup_id, -val.size);
+	tree_credit(val.cgroup_id, val.device, val.size);
+	tenant_add(val.tenant, -1, 0);
+	proc_add(tgid, -val.size);
 	emit(FGPU_EV_FREE, api, tgid, tid, val.cgroup_id, addr, val.size, val.device, rc, total);
 	return val.size;
+}
+
+/*
+ * The ancestry of the current task's cgroup `cgroup_id`, recorded on first use. NULL if it
+ * cannot be recorded (map full).
+ */
+static __always_inline struct fgpu_cg_tree *ancestry(__u64 cgroup_id)
+{
+	struct fgpu_cg_tree *tree = bpf_map_lookup_elem(&cg_tree, &cgroup_id);
+	__u32 zero = 0;
+	int level = 0;
+
+	if (tree)
+		return tree;
+	tree = bpf_map_lookup_elem(&scratch, &zero);
+	if (!tree)
+		return NULL;
+	/* The cgroup's own level: the deepest one with an ancestor id. */
+	for (int l = 1; l < FGPU_MAX_DEPTH; l++) {
+		if (!bpf_get_current_ancestor_cgroup_id(l))
+			break;
+		level = l;
+	}
+	for (int i = 0; i < FGPU_MAX_LEVELS; i++) {
+		int l = level - i;
+
+		tree->anc[i] = l >= 0 ? bpf_get_current_ancestor_cgroup_id(l) : 0;
+	}
+	tree->anc[0] = cgroup_id; /* the same id, read once */
+	bpf_map_update_elem(&cg_tree, &cgroup_id, tree, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&cg_tree, &cgroup_id);
+}
+
+/* Applies a policy to the current process: SIGKILL or report only; returns FGPU_ACT_*. */
+static __always_inline __s32 act(__u32 flags)
+{
+	long rc;
+
+	if (!(flags & FGPU_LIMIT_KILL))
+		return FGPU_ACT_REPORTED;
+	rc = bpf_send_signal(9 /* SIGKILL */);
+	if (rc != 0)
+		return (__s32)rc;
+	count(FGPU_CTR_KILLED);
+	return FGPU_ACT_KILLED;
+}
+
+/* The node's policy for tenants without a limit of their own (key 0 of `limits`). */
+static __always_inline __u32 default_flags(void)
+{
+	__u64 none = 0;
+	struct fgpu_limit *l = bpf_map_lookup_elem(&limits, &none);
+
+	return l ? l->flags : 0;
+}
+
+/* An allocation that cannot be tracked: counted, reported and dealt with by policy. */
+static __always_inline void over_bound(__u32 tgid, __u32 tid, __u64 tenant, __u32 flags,
+				       struct fgpu_tenant *t, __u64 addr, __u64 size,
+				       __u32 device, __u32 api)
+{
+	count(FGPU_CTR_OVER_BOUND);
+	if (t)
+		__sync_fetch_and_add(&t->over_bound, 1);
+	emit(FGPU_EV_OVER_BOUND, api, tgid, tid, tenant, addr, size, device, act(flags), 0);
 }
 
 static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size, __u32 device,
@@ -199,17 +368,93 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 	__u64 cgroup_id = bpf_get_current_cgroup_id();
 	struct alloc_key key = { .tgid = tgid, .addr = addr };
 	struct alloc_val val = { .size = size, .cgroup_id = cgroup_id, .device = device };
-	__u64 total;
+	struct fgpu_cg_tree *tree;
+	struct fgpu_tenant *t;
+	struct fgpu_proc *p;
+	__u32 flags = default_flags(), crossed_flags = 0;
+	__u64 tenant = cgroup_id, total, crossed = 0, crossed_total = 0;
+	int new_proc = 0;
 
 	/* A pointer handed out again while we still hold it means we missed its free. */
 	credit(tgid, tid, addr, api, rc, 0);
+	/*
+	 * A map that is full (or an element the kernel could not allocate) is no tenant's
+	 * doing: such allocations are counted (FGPU_CTR_MAP_FULL), never killed for. Only a
+	 * tenant's own bound applies its policy.
+	 */
+	tree = ancestry(cgroup_id);
+	if (!tree) {
+		count(FGPU_CTR_MAP_FULL);
+		return;
+	}
+	/* The tenant: the topmost limited ancestor within reach, else the cgroup itself. */
+	for (int i = 0; i < FGPU_MAX_LEVELS; i++) {
+		__u64 id = tree->anc[i];
+		struct fgpu_limit *l;
+
+		if (!id)
+			break;
+		l = bpf_map_lookup_elem(&limits, &id);
+		if (l) {
+			tenant = id;
+			flags = l->flags;
+		}
+	}
+	t = tenant_of(tenant);
+	if (!t) {
+		count(FGPU_CTR_MAP_FULL);
+		return;
+	}
+	p = bpf_map_lookup_elem(&procs, &tgid);
+	if (t->allocs >= FGPU_TENANT_MAX_ALLOCS || (!p && t->procs >= FGPU_TENANT_MAX_PROCS)) {
+		over_bound(tgid, tid, tenant, flags, t, addr, size, device, api);
+		return;
+	}
+	if (!p) {
+		struct fgpu_proc fresh = { .cgroup_id = cgroup_id, .tenant = tenant };
+
+		if (bpf_map_update_elem(&procs, &tgid, &fresh, BPF_NOEXIST) == 0)
+			new_proc = 1;
+		p = bpf_map_lookup_elem(&procs, &tgid);
+		if (!p) {
+			count(FGPU_CTR_MAP_FULL);
+			return;
+		}
+	}
+	val.tenant = tenant;
 	if (bpf_map_update_elem(&allocs, &key, &val, BPF_NOEXIST) != 0) {
 		count(FGPU_CTR_MAP_FULL);
 		return;
 	}
+	__sync_fetch_and_add(&t->allocs, 1);
+	if (new_proc)
+		__sync_fetch_and_add(&t->procs, 1);
+	__sync_fetch_and_add(&p->bytes, size);
 	total = cg_add(cgroup_id, device, size, 1);
-	proc_add(tgid, cgroup_id, size);
 	emit(FGPU_EV_ALLOC, api, tgid, tid, cgroup_id, addr, size, device, rc, total);
+
+	/* Every ancestor's subtree total; the nearest limited one this takes past its limit. */
+	for (int i = 0; i < FGPU_MAX_LEVELS; i++) {
+		__u64 id = tree->anc[i], sum;
+		struct fgpu_limit *l;
+
+		if (!id)
+			break;
+		sum = tree_add(id, device, size);
+		if (crossed)
+			continue;
+		l = bpf_map_lookup_elem(&limits, &id);
+		if (l && sum > l->bytes) {
+			crossed = id;
+			crossed_total = sum;
+			crossed_flags = l->flags;
+		}
+	}
+	if (crossed) {
+		count(FGPU_CTR_OVER_LIMIT);
+		emit(FGPU_EV_OVER_LIMIT, api, tgid, tid, crossed, addr, size, device,
+		     act(crossed_flags), crossed_total);
+	}
 }
 
 SEC("uprobe")
@@ -308,6 +553,8 @@ static long release_one(void *map, struct alloc_key *key, struct alloc_val *val,
 	if (key->tgid != rctx->tgid)
 		return 0;
 	cg_add(val->cgroup_id, val->device, -val->size, 0);
+	tree_credit(val->cgroup_id, val->device, val->size);
+	tenant_add(val->tenant, -1, 0);
 	rctx->released += val->size;
 	bpf_map_delete_elem(map, key);
 	return 0;
@@ -320,7 +567,7 @@ int fgpu_sched_exit(void *ctx)
 	__u32 tgid = id >> 32;
 	struct release_ctx rctx = { .tgid = tgid };
 	struct fgpu_proc *p;
-	__u64 cgroup_id;
+	__u64 cgroup_id, tenant;
 
 	/* A thread that died inside a probed call leaves its arguments behind. */
 	bpf_map_delete_elem(&call_args, &id);
@@ -330,8 +577,10 @@ int fgpu_sched_exit(void *ctx)
 	if (!p)
 		return 0; /* held no GPU memory: the common case, kept cheap */
 	cgroup_id = p->cgroup_id;
+	tenant = p->tenant;
 	bpf_for_each_map_elem(&allocs, release_one, &rctx, 0);
-	bpf_map_delete_elem(&procs, &tgid);
+	if (bpf_map_delete_elem(&procs, &tgid) == 0)
+		tenant_add(tenant, 0, -1);
 	emit(FGPU_EV_EXIT, 0, tgid, (__u32)id, cgroup_id, 0, rctx.released, FGPU_DEVICE_CURRENT, 0,
 	     0);
 	return 0;

@@ -15,6 +15,13 @@
 #define FGPU_EV_FREE 2  /* a successful free was credited */
 #define FGPU_EV_EXIT 3  /* a process holding GPU memory exited; its bytes were released */
 #define FGPU_EV_EXEC 4  /* a process called exec: it may map a driver library soon */
+#define FGPU_EV_OVER_LIMIT 5 /* an allocation took a limited cgroup (cgroup_id) past its limit */
+#define FGPU_EV_OVER_BOUND 6 /* a tenant (cgroup_id) past its bound on tracking entries */
+
+/* `result` of OVER_LIMIT and OVER_BOUND records: what the kernel did. */
+#define FGPU_ACT_REPORTED 0 /* report only (--on-exceed deny) */
+#define FGPU_ACT_KILLED 1   /* SIGKILL sent to the process before the call returned */
+/* A negative result is bpf_send_signal's error: the kill could not be sent. */
 
 /*
  * Driver entry points, passed as the uprobe's attach cookie. Numbers are part of the ABI
@@ -76,13 +83,61 @@ struct fgpu_cg_usage {
 struct fgpu_proc {
 	__u64 cgroup_id; /* cgroup of the process's first charged allocation */
 	__u64 bytes;     /* bytes the process holds, all cgroups and devices */
+	__u64 tenant;    /* the tenant its `procs` entry is counted against (see fgpu_tenant) */
 };
+
+/*
+ * Ancestors charged per allocation: the allocating cgroup and up to FGPU_MAX_LEVELS - 1
+ * cgroups above it (the root included when within reach). A limit on a cgroup further up
+ * than that from an allocating cgroup does not see the allocation (the agent warns).
+ */
+#define FGPU_MAX_LEVELS 16
+/* Deepest cgroup level the probe looks for (cgroup v2 nests far less in practice). */
+#define FGPU_MAX_DEPTH 64
+
+/*
+ * Value of `limits` (key: cgroup id), written by the agent from its limit store. Key 0 is
+ * not a cgroup: its `flags` are the node's policy for tenants without a limit (bounds).
+ */
+struct fgpu_limit {
+	__u64 bytes; /* threshold per (cgroup, device) subtree total; past it the policy applies */
+	__u32 flags; /* FGPU_LIMIT_* */
+	__u32 pad;
+};
+#define FGPU_LIMIT_KILL 1 /* SIGKILL the process whose allocation crossed (else report only) */
+
+/*
+ * Value of `cg_tree` (key: cgroup id): the cgroup's ancestry, recorded by the probe the first
+ * time the cgroup allocates (a cgroup's ancestors never change). anc[0] is the cgroup itself,
+ * anc[i] its i-th ancestor; 0 past the root. Frees and exit releases credit these.
+ */
+struct fgpu_cg_tree {
+	__u64 anc[FGPU_MAX_LEVELS];
+};
+
+/*
+ * Value of `tenants` (key: the tenant's cgroup id). An allocation's tenant is the topmost
+ * limited cgroup among its charged ancestors, else the allocating cgroup itself. Live
+ * entries of shared tracking maps are bounded per tenant, so that no tenant can fill them
+ * and blind attribution for others; past a bound the allocation is not tracked and the
+ * tenant's policy applies (OVER_BOUND record, FGPU_CTR_OVER_BOUND).
+ */
+struct fgpu_tenant {
+	__s64 allocs;     /* live entries in `allocs` */
+	__s64 procs;      /* live entries in `procs` */
+	__u64 over_bound; /* allocations refused tracking because a bound was reached */
+};
+#define FGPU_TENANT_MAX_ALLOCS 16384
+#define FGPU_TENANT_MAX_PROCS 1024
 
 /* Indexes into the `counters` array map. */
 #define FGPU_CTR_RINGBUF_DROPS 0 /* events that did not fit in the ring buffer */
 #define FGPU_CTR_MAP_FULL 1      /* allocations that could not be tracked (map full) */
 #define FGPU_CTR_FAILED_CALLS 2  /* probed calls that returned an error (nothing charged) */
 #define FGPU_CTR_UNKNOWN_FREES 3 /* frees of pointers we never saw allocated */
+#define FGPU_CTR_OVER_LIMIT 4    /* allocations that took a limited cgroup past its limit */
+#define FGPU_CTR_KILLED 5        /* of those (and OVER_BOUND), processes the kernel SIGKILLed */
+#define FGPU_CTR_OVER_BOUND 6    /* allocations past their tenant's tracking bound */
 #define FGPU_CTR_MAX 8
 
 #endif /* FGPU_H */

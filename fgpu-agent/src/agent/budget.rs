@@ -1,0 +1,500 @@
+//! Hierarchical budgets for the shims: a memory limit on a cgroup covers every process of
+//! all its descendants together.
+//!
+//! Which ledger a process gets ([`ledger_for`]):
+//! - no memory limit on its cgroup or above: its cgroup's own ledger (no memory limit);
+//! - otherwise the ledger of the *nearest* cgroup with a memory limit of its own, so that a
+//!   pod's containers, and any sub-cgroup created later, reserve from one budget with the
+//!   shim's lock-free reservation (exact, no refresh needed);
+//! - except where a cgroup on the way there has compute settings of its own: then its own
+//!   ledger (compute settings are per ledger, and keep inheriting as before), whose memory
+//!   limit is derived as below.
+//!
+//! Derived limits ([`plan`], refreshed by the publisher every 50 ms and on every limit
+//! change): where several ledgers sit under one limited cgroup P (a child with a lower limit
+//! of its own, or a compute override), each ledger L gets, per device,
+//! `min over limited P above or at L of  limit(P) − max(others, kernel_rest)`, where
+//! `others` is what the other ledgers under P use (their shims' figure or the kernel's,
+//! whichever is larger) and `kernel_rest` is the kernel's total for P's subtree minus L's
+//! share (so processes that bypass the shim count too). What processes of L's own domain
+//! that never said Hello hold is taken off L's budget as well, and out of the kernel figure
+//! its shims compare with. Between two refreshes siblings can
+//! race past P's limit through their shims; the kernel backstop checks P exactly, on every
+//! allocation, and acts on the one that crosses.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Result;
+use fgpu_common::ledger::{MAX_DEVICES, NO_LIMIT, uuid_key};
+
+use super::ledgers::{CgroupLedger, uuid_bytes};
+
+use super::limits::{LimitStore, ancestors};
+use super::report::State;
+
+/// Whether cgroup path `path` is `ancestor` or lies below it.
+pub fn is_under(path: &str, ancestor: &str) -> bool {
+    ancestor == "/"
+        || path == ancestor
+        || path
+            .strip_prefix(ancestor)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// The cgroup whose ledger a process in `cgroup` shares (see the module documentation).
+pub fn ledger_for(store: &LimitStore, cgroup: &str) -> String {
+    let mut compute_override = false;
+    for path in ancestors(cgroup) {
+        let Some(own) = store.own(path) else {
+            continue;
+        };
+        if own.memory_bytes.is_some() {
+            return if compute_override {
+                cgroup.to_string()
+            } else {
+                path.to_string()
+            };
+        }
+        compute_override |= own.compute_pct.is_some() || own.compute_cap_pct.is_some();
+    }
+    cgroup.to_string()
+}
+
+/// The ledger a process of `cgroup` gets ([`ledger_for`]), created on first use (around
+/// `usage`, a reconnecting shim's usage memfd) with its budget planned at once.
+/// `pid` (the host PID from SO_PEERCRED) is remembered as a shim: what the other processes
+/// of a ledger's domain hold bypasses the shim.
+pub fn ledger_of(
+    state: &State,
+    pid: u32,
+    cgroup: &str,
+    usage: Option<OwnedFd>,
+) -> Result<Arc<CgroupLedger>> {
+    let (chosen, limit) = {
+        let store = state.limits.lock().expect("limits lock");
+        let chosen = ledger_for(&store, cgroup);
+        let limit = store.effective(&chosen).0;
+        (chosen, limit)
+    };
+    let dir = state.cgroup2_mount.join(chosen.trim_start_matches('/'));
+    let known = state.ledgers.get(&chosen).is_some();
+    let ledger = state.ledgers.get_or_create(&chosen, &dir, usage, &limit)?;
+    state.shims.register(pid);
+    if !known {
+        if chosen != cgroup {
+            tracing::info!(
+                cgroup,
+                ledger = chosen,
+                "sharing the budget of a limited ancestor"
+            );
+        }
+        let tree = state.kernel.lock().expect("kernel maps lock").tree();
+        refresh(state, &tree_by_key(&tree));
+    }
+    Ok(ledger)
+}
+
+/// Which processes use the shim: those whose shim said Hello to this agent (host PIDs from
+/// SO_PEERCRED), and those holding a ledger's usage memfd (shims of an earlier agent that
+/// have not reconnected yet), looked up once per process.
+#[derive(Debug, Default)]
+pub struct Shims(Mutex<ShimPids>);
+
+#[derive(Debug, Default)]
+struct ShimPids {
+    hello: HashSet<u32>,
+    looked_up: HashMap<u32, bool>,
+}
+
+impl Shims {
+    pub fn register(&self, pid: u32) {
+        self.0.lock().expect("shims lock").hello.insert(pid);
+    }
+
+    /// Forgets processes that are gone.
+    fn prune(&self) {
+        let alive = |p: &u32| Path::new(&format!("/proc/{p}")).exists();
+        let mut s = self.0.lock().expect("shims lock");
+        s.hello.retain(alive);
+        s.looked_up.retain(|p, _| alive(p));
+    }
+
+    fn uses_shim(&self, pid: u32) -> bool {
+        let mut s = self.0.lock().expect("shims lock");
+        if s.hello.contains(&pid) {
+            return true;
+        }
+        *s.looked_up
+            .entry(pid)
+            .or_insert_with(|| holds_usage_memfd(pid))
+    }
+}
+
+/// Whether process `pid` has a ledger's usage memfd open.
+fn holds_usage_memfd(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+        fds.filter_map(Result::ok).any(|e| {
+            std::fs::read_link(e.path())
+                .is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:fgpu-usage"))
+        })
+    })
+}
+
+/// The kernel's subtree totals by (cgroup id, device).
+pub fn tree_by_key(tree: &[(fgpu_common::event::CgroupKey, u64)]) -> HashMap<(u64, u32), u64> {
+    tree.iter()
+        .map(|(k, b)| ((k.cgroup_id, k.device), *b))
+        .collect()
+}
+
+/// One ledger as the planner sees it.
+#[derive(Debug, Clone)]
+pub struct LedgerView {
+    pub cgroup: String,
+    pub cgroup_id: u64,
+    /// What its shims have reserved, by GPU index.
+    pub used: HashMap<u32, u64>,
+    /// What processes of its domain that never said Hello hold (kernel-observed, all
+    /// devices): they bypass the shim, so their bytes come off the shims' budget.
+    pub bypass: u64,
+}
+
+/// A cgroup with a memory limit of its own.
+#[derive(Debug, Clone)]
+pub struct Limited {
+    pub cgroup: String,
+    pub cgroup_id: u64,
+    pub bytes: u64,
+}
+
+/// What to write into one ledger, by GPU index.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LedgerPlan {
+    /// The kernel's figure for the ledger's shims: its cgroup's subtree total minus the
+    /// subtrees of ledgers nested below it and minus what bypassing processes hold.
+    pub kernel_share: HashMap<u32, u64>,
+    /// The memory limit; absent: no limit applies.
+    pub limit: HashMap<u32, u64>,
+}
+
+/// Plans every ledger's kernel share and memory limit (see the module documentation).
+/// `tree`: the kernel's subtree totals by (cgroup id, GPU index).
+pub fn plan(
+    ledgers: &[LedgerView],
+    limited: &[Limited],
+    tree: &HashMap<(u64, u32), u64>,
+    devices: &[u32],
+) -> Vec<LedgerPlan> {
+    let kernel = |id: u64, d: u32| tree.get(&(id, d)).copied().unwrap_or(0);
+    let strictly_under = |a: &str, b: &str| a != b && is_under(a, b);
+    // Ledgers nested directly below each ledger (no other ledger in between).
+    let nested: Vec<Vec<usize>> = ledgers
+        .iter()
+        .map(|l| {
+            (0..ledgers.len())
+                .filter(|&m| {
+                    strictly_under(&ledgers[m].cgroup, &l.cgroup)
+                        && !ledgers.iter().any(|k| {
+                            strictly_under(&ledgers[m].cgroup, &k.cgroup)
+                                && strictly_under(&k.cgroup, &l.cgroup)
+                        })
+                })
+                .collect()
+        })
+        .collect();
+    let share: Vec<HashMap<u32, u64>> = ledgers
+        .iter()
+        .zip(&nested)
+        .map(|(l, below)| {
+            devices
+                .iter()
+                .map(|&d| {
+                    let inner: u64 = below.iter().map(|&m| kernel(ledgers[m].cgroup_id, d)).sum();
+                    (d, kernel(l.cgroup_id, d).saturating_sub(inner))
+                })
+                .collect()
+        })
+        .collect();
+    let of = |m: &[HashMap<u32, u64>], i: usize, d: u32| m[i].get(&d).copied().unwrap_or(0);
+    // The shims' part of each share, and each ledger's whole usage: the shims' (their own
+    // figure or the kernel's, the larger) plus what bypasses them.
+    let shims: Vec<HashMap<u32, u64>> = share
+        .iter()
+        .zip(ledgers)
+        .map(|(s, l)| {
+            s.iter()
+                .map(|(d, b)| (*d, b.saturating_sub(l.bypass)))
+                .collect()
+        })
+        .collect();
+    let used = |i: usize, d: u32| {
+        let own = ledgers[i].used.get(&d).copied().unwrap_or(0);
+        own.max(of(&shims, i, d)) + ledgers[i].bypass.min(of(&share, i, d))
+    };
+    ledgers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let mut limit = HashMap::new();
+            for p in limited.iter().filter(|p| is_under(&l.cgroup, &p.cgroup)) {
+                for &d in devices {
+                    let others: u64 = (0..ledgers.len())
+                        .filter(|&x| x != i && is_under(&ledgers[x].cgroup, &p.cgroup))
+                        .map(|x| used(x, d))
+                        .sum();
+                    let kernel_rest = kernel(p.cgroup_id, d).saturating_sub(of(&share, i, d));
+                    let bypass = l.bypass.min(of(&share, i, d));
+                    let budget = p
+                        .bytes
+                        .saturating_sub(others.max(kernel_rest).saturating_add(bypass));
+                    let e = limit.entry(d).or_insert(budget);
+                    *e = (*e).min(budget);
+                }
+            }
+            LedgerPlan {
+                kernel_share: shims[i].clone(),
+                limit,
+            }
+        })
+        .collect()
+}
+
+/// What processes that do not use the shim hold, per ledger: each process (host PID,
+/// cgroup, bytes, from the kernel's `procs`) belongs to the ledger of the deepest ledger
+/// cgroup above or at its cgroup.
+fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<u64> {
+    let mut out = vec![0; ledgers.len()];
+    state.shims.prune();
+    let procs = state.kernel.lock().expect("kernel maps lock").procs();
+    let mut names = state.names.lock().expect("cgroup names lock");
+    for (pid, p) in procs.iter().filter(|(_, p)| p.bytes > 0) {
+        let Some(path) = names.path_of(p.cgroup_id) else {
+            continue;
+        };
+        let owner = (0..ledgers.len())
+            .filter(|&i| is_under(&path, &ledgers[i].cgroup))
+            .max_by_key(|&i| ledgers[i].cgroup.len());
+        if let Some(i) = owner
+            && !state.shims.uses_shim(*pid)
+        {
+            out[i] += p.bytes;
+        }
+    }
+    out
+}
+
+/// Computes and writes every ledger's kernel figure and memory limit; `tree`: the kernel's
+/// subtree totals by (cgroup id, GPU index).
+pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
+    let ledgers = state.ledgers.all();
+    if ledgers.is_empty() {
+        return;
+    }
+    let uuids: HashMap<u32, [u8; 16]> = state
+        .gpus
+        .devices
+        .iter()
+        .filter_map(|g| Some((g.index, uuid_bytes(&g.uuid)?)))
+        .collect();
+    let uuids = &uuids;
+    let record = |l: &CgroupLedger, uuid: &[u8; 16]| {
+        let key = uuid_key(uuid);
+        l.ledger()
+            .usage
+            .devices
+            .iter()
+            .position(|r| r.key.load(SeqCst) == key)
+    };
+    // A sibling's budget must not wait for the publisher's once-a-second reclaim of a dead
+    // process's share: take dead slots back first (a few fcntl calls per slot in use).
+    for l in &ledgers {
+        let back = l.reclaim_dead();
+        if back > 0 {
+            tracing::info!(cgroup = %l.cgroup, bytes = back, "reclaimed the share of processes that died");
+        }
+    }
+    let bypass = bypass_bytes(state, &ledgers);
+    let views: Vec<LedgerView> = ledgers
+        .iter()
+        .zip(bypass)
+        .map(|(l, bypass)| LedgerView {
+            bypass,
+            cgroup: l.cgroup.clone(),
+            cgroup_id: l.cgroup_id,
+            used: uuids
+                .iter()
+                .filter_map(|(d, u)| Some((*d, l.ledger().used(record(l, u)?))))
+                .collect(),
+        })
+        .collect();
+    let (limited, statics): (Vec<Limited>, Vec<Option<u64>>) = {
+        let store = state.limits.lock().expect("limits lock");
+        let limited = store
+            .all()
+            .filter_map(|(path, l)| {
+                let bytes = l.memory_bytes?;
+                let id = super::enforce::cgroup_id(&state.cgroup2_mount, path)?;
+                Some(Limited {
+                    cgroup: path.clone(),
+                    cgroup_id: id,
+                    bytes,
+                })
+            })
+            .collect();
+        let statics = ledgers
+            .iter()
+            .map(|l| store.effective(&l.cgroup).0.memory_bytes)
+            .collect();
+        (limited, statics)
+    };
+    let devices: Vec<u32> = uuids.keys().copied().collect();
+    let plans = plan(&views, &limited, tree, &devices);
+    for ((ledger, plan), fallback) in ledgers.iter().zip(&plans).zip(statics) {
+        // Records no shim has bound to a device yet get the lowest of the devices' budgets
+        // (exact on one GPU), so that the first allocations after binding are covered too.
+        let unbound = plan.limit.values().min().copied().or(fallback);
+        let mut limits = [unbound.unwrap_or(NO_LIMIT); MAX_DEVICES];
+        for (d, uuid) in uuids {
+            ledger.set_kernel_used(uuid, plan.kernel_share.get(d).copied().unwrap_or(0));
+            if let Some(i) = record(ledger, uuid) {
+                limits[i] = plan.limit.get(d).copied().unwrap_or(NO_LIMIT);
+            }
+        }
+        ledger.set_memory_limits(&limits);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Limit;
+
+    const GIB: u64 = 1 << 30;
+
+    fn store(entries: &[(&str, Limit)]) -> LimitStore {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, SeqCst);
+        let d = std::env::temp_dir().join(format!("fgpu-budget-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let mut s = LimitStore::open(&d).unwrap();
+        for (p, l) in entries {
+            s.set(p, l).unwrap();
+        }
+        s
+    }
+
+    fn mem(b: u64) -> Limit {
+        Limit {
+            memory_bytes: Some(b),
+            ..Limit::default()
+        }
+    }
+
+    #[test]
+    fn paths_under_paths() {
+        assert!(is_under("/pod/a", "/pod"));
+        assert!(is_under("/pod", "/pod"));
+        assert!(!is_under("/pod2", "/pod"));
+        assert!(is_under("/x", "/"));
+    }
+
+    #[test]
+    fn processes_under_a_limited_cgroup_share_its_ledger_unless_they_have_their_own() {
+        let s = store(&[
+            ("/pod", mem(8 * GIB)),
+            ("/pod/small", mem(2 * GIB)),
+            (
+                "/pod/timed",
+                Limit {
+                    compute_pct: Some(30),
+                    ..Limit::default()
+                },
+            ),
+        ]);
+        assert_eq!(ledger_for(&s, "/pod/a"), "/pod");
+        assert_eq!(ledger_for(&s, "/pod/a/b/c"), "/pod");
+        assert_eq!(ledger_for(&s, "/pod"), "/pod");
+        assert_eq!(ledger_for(&s, "/pod/small/x"), "/pod/small");
+        assert_eq!(ledger_for(&s, "/pod/timed/x"), "/pod/timed/x");
+        assert_eq!(ledger_for(&s, "/free/x"), "/free/x");
+    }
+
+    fn view(cgroup: &str, id: u64, used: u64) -> LedgerView {
+        LedgerView {
+            bypass: 0,
+            cgroup: cgroup.into(),
+            cgroup_id: id,
+            used: HashMap::from([(0, used)]),
+        }
+    }
+
+    #[test]
+    fn a_lower_child_limit_and_the_parents_budget_are_derived_from_each_other() {
+        // /pod (id 1, 8 GiB, shared ledger used 3 GiB by shims), /pod/small (id 2, 2 GiB,
+        // own ledger, 1 GiB), and a bypassing process in /pod/raw (id 3) holding 1 GiB that
+        // only the kernel sees.
+        let ledgers = [view("/pod", 1, 3 * GIB), view("/pod/small", 2, GIB)];
+        let limited = [
+            Limited {
+                cgroup: "/pod".into(),
+                cgroup_id: 1,
+                bytes: 8 * GIB,
+            },
+            Limited {
+                cgroup: "/pod/small".into(),
+                cgroup_id: 2,
+                bytes: 2 * GIB,
+            },
+        ];
+        let tree = HashMap::from([((1, 0), 5 * GIB), ((2, 0), GIB), ((3, 0), GIB)]);
+        let plans = plan(&ledgers, &limited, &tree, &[0]);
+        // The pod's ledger stands for everything in the pod but /pod/small: the kernel sees
+        // 4 GiB there (its shims' 3 GiB and the bypassing 1 GiB).
+        assert_eq!(plans[0].kernel_share[&0], 4 * GIB);
+        assert_eq!(
+            plans[0].limit[&0],
+            7 * GIB,
+            "8 GiB minus /pod/small's 1 GiB"
+        );
+        assert_eq!(plans[1].kernel_share[&0], GIB);
+        // /pod/small: min(2 GiB, 8 GiB - 4 GiB used by the rest of the pod).
+        assert_eq!(plans[1].limit[&0], 2 * GIB);
+        // The rest of the pod grows to 7 GiB: /pod/small may only grow to 8 - 7 = 1 GiB.
+        let busy = HashMap::from([((1, 0), 8 * GIB), ((2, 0), GIB)]);
+        let plans = plan(&ledgers, &limited, &busy, &[0]);
+        assert_eq!(plans[1].limit[&0], GIB, "{plans:?}");
+    }
+
+    #[test]
+    fn one_shared_ledger_gets_the_whole_limit() {
+        let ledgers = [view("/pod", 1, 2 * GIB)];
+        let limited = [Limited {
+            cgroup: "/pod".into(),
+            cgroup_id: 1,
+            bytes: 8 * GIB,
+        }];
+        let tree = HashMap::from([((1, 0), 5 * GIB)]);
+        let plans = plan(&ledgers, &limited, &tree, &[0]);
+        assert_eq!(plans[0].limit[&0], 8 * GIB);
+        assert_eq!(
+            plans[0].kernel_share[&0],
+            5 * GIB,
+            "bypassing processes count"
+        );
+        let free = plan(&[view("/free", 9, 0)], &limited, &tree, &[0]);
+        assert!(free[0].limit.is_empty());
+        // 3 of the 5 GiB are a process that bypasses the shim: the shims' figure leaves it
+        // out, and their limit does not cover it.
+        let mixed = [LedgerView {
+            bypass: 3 * GIB,
+            ..view("/pod", 1, 2 * GIB)
+        }];
+        let plans = plan(&mixed, &limited, &tree, &[0]);
+        assert_eq!(plans[0].kernel_share[&0], 2 * GIB);
+        assert_eq!(plans[0].limit[&0], 5 * GIB);
+    }
+}

@@ -1,0 +1,278 @@
+//! Keeping the kernel's `limits` map in step with the limit store, and checking the kernel's
+//! totals against the limits.
+//!
+//! The map is keyed by cgroup id (the inode of the cgroup's directory) while limits are kept
+//! by path, so it is written again ([`sync`]) on every limit change, at start (also over
+//! pinned maps a previous agent left), every [`SYNC_EVERY`], and as soon as a process execs
+//! in a cgroup the agent has not seen (a cgroup created or re-created since). Each limited
+//! cgroup gets `limit × number of GPUs` as its threshold: the kernel cannot see the device
+//! of cuMemAlloc-family calls (the calling thread's current context) and charges them to one
+//! key, so on an N-GPU node only N × the per-device limit is sure to be an overrun (commit
+//! 24f9790's rule; the shim enforces each device exactly). Key 0 carries the node's policy
+//! for tenants without a limit.
+//!
+//! [`reconcile`] runs every [`RECONCILE_EVERY`]: a limited subtree the kernel sees over its
+//! threshold is reported even if the kernel's record of it was lost (ring buffer full), and
+//! with `--on-exceed kill` its largest holder is killed if it is still over at the next
+//! pass (a limit lowered below what is in use, a kill the kernel could not send). It also
+//! forgets the kernel's records of cgroups that are gone and hold nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use fgpu_common::event::KernelLimit;
+use fgpu_common::quantity::Size;
+use tokio::sync::Notify;
+
+use super::backstop::OnExceed;
+use super::budget::is_under;
+use super::report::State;
+
+pub const SYNC_EVERY: Duration = Duration::from_millis(250);
+pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);
+
+/// The id of cgroup `path` (the inode of its directory), if it exists.
+pub fn cgroup_id(mount: &Path, path: &str) -> Option<u64> {
+    std::fs::metadata(mount.join(path.trim_start_matches('/')))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// What the enforcement side remembers between passes.
+#[derive(Default)]
+pub struct Enforcer {
+    /// Cgroup ids processes were seen exec'ing in (a new one triggers a sync).
+    seen: Mutex<HashSet<u64>>,
+    wake: Notify,
+    /// Limited cgroups found over their threshold, by id: consecutive passes.
+    over: Mutex<HashMap<u64, u32>>,
+}
+
+impl Enforcer {
+    /// A process exec'd in cgroup `id` (from the kernel's exec record).
+    pub fn note_cgroup(&self, id: u64) {
+        if self.seen.lock().expect("enforcer lock").insert(id) {
+            self.wake.notify_one();
+        }
+    }
+}
+
+/// The `limits` map as it should be.
+pub fn desired(state: &State) -> HashMap<u64, KernelLimit> {
+    let flags = match state.on_exceed {
+        OnExceed::Kill => KernelLimit::KILL,
+        OnExceed::Deny => 0,
+    };
+    let devices = state.gpus.devices.len().max(1) as u64;
+    let mut out = HashMap::from([(
+        0,
+        KernelLimit {
+            bytes: u64::MAX,
+            flags,
+            pad: 0,
+        },
+    )]);
+    let store = state.limits.lock().expect("limits lock");
+    for (path, limit) in store.all() {
+        let Some(bytes) = limit.memory_bytes else {
+            continue;
+        };
+        if let Some(id) = cgroup_id(&state.cgroup2_mount, path) {
+            out.insert(
+                id,
+                KernelLimit {
+                    bytes: bytes.saturating_mul(devices),
+                    flags,
+                    pad: 0,
+                },
+            );
+        }
+    }
+    out
+}
+
+/// Writes the `limits` map from the limit store; returns how many entries changed.
+pub fn sync(state: &State) -> usize {
+    let want = desired(state);
+    let mut kernel = state.kernel.lock().expect("kernel maps lock");
+    let have: HashMap<u64, KernelLimit> = kernel.limits().into_iter().collect();
+    let mut changed = 0;
+    for (id, limit) in &want {
+        if have.get(id) != Some(limit) {
+            match kernel.set_limit(*id, *limit) {
+                Ok(()) => changed += 1,
+                Err(err) => tracing::error!("{err:#}: the kernel does not enforce this limit"),
+            }
+        }
+    }
+    for id in have.keys().filter(|id| !want.contains_key(id)) {
+        match kernel.remove_limit(*id) {
+            Ok(()) => changed += 1,
+            Err(err) => tracing::warn!("{err:#}"),
+        }
+    }
+    if changed > 0 {
+        tracing::debug!(changed, limits = want.len() - 1, "kernel limits written");
+    }
+    changed
+}
+
+/// Checks the kernel's subtree totals against the limits (see the module documentation),
+/// and forgets the kernel's records of cgroups that are gone.
+pub fn reconcile(state: &State, gc: bool) {
+    let want = desired(state);
+    let snap = state.kernel.lock().expect("kernel maps lock").snapshot();
+    let mut over_now = HashMap::new();
+    for (key, bytes) in &snap.tree {
+        let Some(limit) = want.get(&key.cgroup_id).filter(|_| key.cgroup_id != 0) else {
+            continue;
+        };
+        if *bytes > limit.bytes {
+            over_now.insert(key.cgroup_id, (*bytes, limit.bytes));
+        }
+    }
+    let mut over = state.enforce.over.lock().expect("enforcer lock");
+    over.retain(|id, _| over_now.contains_key(id));
+    for (id, (bytes, limit)) in over_now {
+        let passes = over.entry(id).or_insert(0);
+        *passes += 1;
+        let path = state
+            .names
+            .lock()
+            .expect("cgroup names lock")
+            .path_of(id)
+            .unwrap_or_else(|| format!("cgroup {id}"));
+        // The kernel's own record of the crossing explains an overrun it reported lately
+        // (with `deny` the subtree stays over); one without such a record (lost in a full
+        // ring buffer, or a limit lowered below what is held) is reported here.
+        let recorded = state
+            .backstop
+            .tally(id)
+            .last_record
+            .is_some_and(|t| t.elapsed() < RECONCILE_EVERY * 3);
+        if *passes == 1 && !recorded {
+            state.backstop.reconciled(id);
+            tracing::warn!(
+                cgroup = path,
+                "reconcile: the kernel sees {} in the subtree, over the {} threshold",
+                Size(bytes),
+                Size(limit)
+            );
+        } else if *passes == 2 && state.on_exceed == OnExceed::Kill {
+            kill_largest(state, &snap.procs, &path);
+        }
+    }
+    drop(over);
+    if gc {
+        forget_gone(state, &snap);
+    }
+}
+
+/// SIGKILLs the process of the subtree `path` that holds the most.
+fn kill_largest(state: &State, procs: &[(u32, fgpu_common::event::ProcUsage)], path: &str) {
+    let mut names = state.names.lock().expect("cgroup names lock");
+    let victim = procs
+        .iter()
+        .filter(|(_, p)| p.bytes > 0)
+        .filter(|(_, p)| {
+            names
+                .path_of(p.cgroup_id)
+                .is_some_and(|c| is_under(&c, path))
+        })
+        .max_by_key(|(_, p)| p.bytes);
+    drop(names);
+    if let Some((pid, p)) = victim {
+        // SAFETY: kill(2) with a host PID from the kernel's map and a constant signal.
+        let rc = unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        tracing::warn!(
+            pid,
+            cgroup = path,
+            "reconcile: killed the largest holder ({}) of a subtree still over its limit{}",
+            Size(p.bytes),
+            if rc == 0 { "" } else { " (kill failed)" }
+        );
+    }
+}
+
+fn forget_gone(state: &State, snap: &super::kernel::Snapshot) {
+    let recorded = state
+        .kernel
+        .lock()
+        .expect("kernel maps lock")
+        .recorded_cgroups();
+    let mut holding: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut busy = HashSet::new();
+    for (key, bytes) in &snap.tree {
+        holding.entry(key.cgroup_id).or_default().push(key.device);
+        if *bytes > 0 {
+            busy.insert(key.cgroup_id);
+        }
+    }
+    let existing = existing_ids(&state.cgroup2_mount);
+    state
+        .enforce
+        .seen
+        .lock()
+        .expect("enforcer lock")
+        .retain(|id| existing.contains(id));
+    let gone: Vec<u64> = recorded
+        .into_iter()
+        .filter(|id| !busy.contains(id) && !existing.contains(id))
+        .collect();
+    if gone.is_empty() {
+        return;
+    }
+    let mut kernel = state.kernel.lock().expect("kernel maps lock");
+    for id in &gone {
+        kernel.forget_cgroup(*id, holding.get(id).map_or(&[][..], Vec::as_slice));
+    }
+    tracing::debug!(
+        cgroups = gone.len(),
+        "forgot the kernel records of removed cgroups"
+    );
+}
+
+/// The ids of every cgroup that exists now (one walk of the hierarchy).
+fn existing_ids(mount: &Path) -> HashSet<u64> {
+    let mut out = HashSet::new();
+    let mut stack = vec![mount.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(meta) = std::fs::metadata(&dir) else {
+            continue;
+        };
+        out.insert(meta.ino());
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            stack.extend(
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+    }
+    out
+}
+
+/// Keeps the kernel's limits in sync and reconciles, until the agent stops.
+pub async fn run(state: Arc<State>) {
+    let mut tick = tokio::time::interval(SYNC_EVERY);
+    let per_reconcile = (RECONCILE_EVERY.as_millis() / SYNC_EVERY.as_millis()) as u32;
+    let mut n = 0u32;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = state.enforce.wake.notified() => {}
+        }
+        if sync(&state) > 0 {
+            state.backstop.limits_changed();
+        }
+        n = n.wrapping_add(1);
+        if n.is_multiple_of(per_reconcile) {
+            reconcile(&state, n.is_multiple_of(per_reconcile * 5));
+        }
+    }
+}
