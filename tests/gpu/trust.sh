@@ -17,7 +17,9 @@ SHIM=$B/lib/libfgpu.so
 PY=${PY:-/opt/torch/.venv/bin/python3}
 LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
 OUT=${OUT:-/tmp/fgpu-out}
-SOCK=/tmp/fgpu-trust.sock
+SOCK=/tmp/fgpu-trust/fgpu.sock          # the containers' socket (shims), alone in its directory
+ADMIN=/tmp/fgpu-trust-admin/fgpu.sock   # the admin socket (the CLI), never in a container
+mkdir -p "$(dirname "$SOCK")"
 WORK=$(mktemp -d /tmp/fgpu-trust.XXXX)
 CG=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)
 WL=$B/tests/gpu/trust_workload.py
@@ -40,12 +42,12 @@ trap cleanup EXIT
 
 # FGPU_AGENT_ARGS=--sim tries the script on the simulated driver (with a stand-in for torch).
 # shellcheck disable=SC2086
-"$FGPU" agent --socket "$SOCK" ${FGPU_AGENT_ARGS:---libcuda $LIBCUDA} --bpf-dir /sys/fs/bpf/fgpu-trust \
+"$FGPU" agent --socket "$SOCK" --admin-socket "$ADMIN" ${FGPU_AGENT_ARGS:---libcuda $LIBCUDA} --bpf-dir /sys/fs/bpf/fgpu-trust \
   --state-dir "$WORK/state" --log info > "$OUT/agent.log" 2>&1 &
 agent_pid=$!
-for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
-[ -S "$SOCK" ] || { echo "agent did not start"; cat "$OUT/agent.log"; exit 1; }
-fgpu() { "$FGPU" "$@" --socket "$SOCK"; }
+for _ in $(seq 100); do [ -S "$ADMIN" ] && break; sleep 0.1; done
+[ -S "$ADMIN" ] || { echo "agent did not start"; cat "$OUT/agent.log"; exit 1; }
+fgpu() { "$FGPU" "$@" --socket "$ADMIN"; }
 
 in_container() { # CGROUP CMD...: CMD in cgroup CGROUP and a new PID namespace (own /proc),
   # under `timeout` (unshare --kill-child takes the namespace down with it)
