@@ -231,6 +231,15 @@ pub fn queue_bound(d: &Dev, m: u8) -> i64 {
     })
 }
 
+/// Whether some ledger-gated device's turn is closed now (the controller may be waiting for
+/// this process's work to drain).
+pub fn some_turn_closed() -> bool {
+    DEVS.iter().any(|d| {
+        d.mode.load(Relaxed) & M_LEDGER != 0
+            && ledger_parts(d).is_some_and(|(_, _, t)| !t.is_open())
+    })
+}
+
 /// Notes a gated launch for the controller (it is not idle).
 pub fn launched(d: &Dev, m: u8) {
     if m & M_LEDGER != 0

@@ -161,12 +161,16 @@ fn init() {
     unsafe { libc::atexit(report) };
 }
 
-/// How often the watcher looks at the ledger's generation.
+/// How often the watcher looks at the ledger's generation...
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+/// ...and settles this process's batches while one of its turns is closed and some are
+/// still outstanding.
+const WATCH_DRAIN: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Under an agent: a thread that re-reads the compute settings when the agent changes them,
 /// so that a share set on a running process that launches without being gated (its launches
-/// take the fast path and never look) applies within [`WATCH_EVERY`]. One load per wake-up.
+/// take the fast path and never look) applies within [`WATCH_EVERY`] (one load per wake-up),
+/// and that reports this process's work complete while its turn is closed.
 /// Not restarted in forked children (they notice at their next allocation).
 fn start_watcher() {
     if !ledger_file::current().2 {
@@ -176,8 +180,13 @@ fn start_watcher() {
         .name("fgpu-watch".into())
         .spawn(|| {
             loop {
-                std::thread::sleep(WATCH_EVERY);
                 check_generation();
+                // While a turn of ours is closed and our work is still running, settle it
+                // promptly: the application's threads may be blocked in a synchronisation
+                // (`loss.item()`, `cudaStreamSynchronize`) and not see it complete, and the
+                // controller hands the device on only once it has.
+                let draining = budget::some_turn_closed() && settle_all();
+                std::thread::sleep(if draining { WATCH_DRAIN } else { WATCH_EVERY });
             }
         });
     if let Err(e) = spawned {
