@@ -161,6 +161,12 @@ def main():
         else:
             check("kill: a new cnn process in the killed container", False, "no result", "50 +- 5")
 
+    for role in ("decoder", "cnn"):
+        if f"alone50-{role}" in ran:
+            g = sh(f"alone50-{role}", "a")
+            check(f"alone50: {role} alone at --compute 50 (the gated path's own cost)", True,
+                  f"{fmt(g)}% of its rate without fgpu", "info", verdict="INFO")
+
     bare = [per_s(r) for r in runs if re.fullmatch(r"bare\d+", r["phase"])]
     full = [per_s(r) for r in runs if re.fullmatch(r"full\d+", r["phase"])]
     if bare and full:

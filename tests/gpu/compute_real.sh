@@ -12,6 +12,8 @@
 #   dec        decoder 50 / cnn 50
 #   kill       cnn 50 / attn 50; the cnn container is killed mid-run (cgroup.kill, like
 #              `docker kill`), then a new cnn process starts in it
+#   alone50    decoder, then cnn, each alone at --compute 50 (gated, nobody else waits): the
+#              gated path's own cost
 #   s30 / s50  issue 6's matmul / graph pair; bareN / fullN: matmul without fgpu vs
 #              --compute 100 under agent + shim, interleaved
 # ONLY="s25 dec ..." runs the references and just those phases. PASS/FAIL lines and a table
@@ -209,7 +211,7 @@ want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 phase ref-cnn a:cnn:bare
 phase ref-attn a:attn:bare
 { want s3 || want s30 || want s50; } && phase ref-graph a:graph:bare
-want dec && phase ref-decoder a:decoder:bare
+{ want dec || want alone50; } && phase ref-decoder a:decoder:bare
 { want s30 || want s50 || want full; } && phase ref-matmul a:matmul:bare
 want mp && phase ref2p a:cnn:bare a:cnn:bare
 want s25 && phase slice25 a:cnn:bare b:attn:bare
@@ -217,6 +219,11 @@ want dec && phase slicedec a:decoder:bare b:cnn:bare
 want s3 && phase slice3 a:cnn:bare b:attn:bare c:graph:bare
 
 start_agent
+if want alone50; then # the gated path alone (its turn re-granted at once): its cost per launch
+  limits "--compute 50" "" ""
+  phase alone50-decoder a:decoder:fgpu
+  phase alone50-cnn a:cnn:fgpu
+fi
 if want s25; then limits "--compute 25" "--compute 75" ""; phase s25 a:cnn:fgpu b:attn:fgpu; fi
 if want dec; then limits "--compute 50" "--compute 50" ""; phase dec a:decoder:fgpu b:cnn:fgpu; fi
 if want mp; then limits "--compute 50" "--compute 50" ""; phase mp a:cnn:fgpu a:cnn:fgpu b:cnn:fgpu; fi
