@@ -185,6 +185,19 @@ fn forget(b: &Batch) {
     }
 }
 
+/// Takes the open batch with the launches that threads without the owner flag charged to
+/// the stream folded in.
+fn take_open(s: &Stream, inner: &mut Inner) -> Option<Batch> {
+    let mut b = inner.open.take()?;
+    let stray = s.stray_est.swap(0, Relaxed);
+    b.est += stray;
+    b.n += s.stray_n.swap(0, Relaxed);
+    if let Some(c) = b.counted {
+        c.add_queued(stray);
+    }
+    Some(b)
+}
+
 /// Closes the open batch when the stream paused (or before a wait): if the stream has run
 /// dry meanwhile, an end event recorded now would count the idle time as the batch's, so a
 /// batch whose cost per launch is known is accounted by its estimate instead (no event).
@@ -193,15 +206,9 @@ pub fn close_after_pause(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
     let known = inner.open.is_some_and(|b| inner.known[b.kind as usize]);
     settle_ready(s, inner, d, m);
     if known && inner.out == 0 && stream_idle(inner.rec) {
-        let Some(mut b) = inner.open.take() else {
+        let Some(b) = take_open(s, inner) else {
             return;
         };
-        let stray = s.stray_est.swap(0, Relaxed);
-        b.est += stray;
-        b.n += s.stray_n.swap(0, Relaxed);
-        if let Some(c) = b.counted {
-            c.add_queued(stray);
-        }
         if b.n > 0 {
             budget::measured(d, m, b.est);
             STATS.estimated_batches.fetch_add(1, Relaxed);
@@ -215,15 +222,9 @@ pub fn close_after_pause(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
 /// Closes the open batch after its last launch: records its end event (unless the stream is
 /// capturing: then its estimates are refunded and it is forgotten).
 pub fn close_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
-    let Some(mut b) = inner.open.take() else {
+    let Some(b) = take_open(s, inner) else {
         return;
     };
-    let stray = s.stray_est.swap(0, Relaxed);
-    b.est += stray;
-    b.n += s.stray_n.swap(0, Relaxed);
-    if let Some(c) = b.counted {
-        c.add_queued(stray);
-    }
     if b.n == 0 {
         forget(&b);
         return;
