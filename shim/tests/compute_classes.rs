@@ -6,6 +6,7 @@
 //!   ones, two and three tenants: shares of *work* (steps per second ÷ the same loop alone);
 //! - a container with two processes next to one with one;
 //! - a latency-bound tenant that syncs every step next to a saturating one;
+//! - a CPU-bound launcher (host work before every launch) next to a saturating one;
 //! - a tenant SIGKILLed or SIGSTOPped while it waits for a turn, or while it holds one with
 //!   work in flight (found by reading its own ledger page): the other is back at full speed
 //!   within 200 ms, and a new process in the killed container gets its share.
@@ -44,6 +45,21 @@ fn gapped(ms: u64) -> Vec<String> {
 /// small-batch inference server).
 fn latency_bound(ms: u64) -> Vec<String> {
     steps(ms, 1, 4000)
+}
+
+/// 200 launches of 20 µs kernels per step, each after 25 µs of host work, then a sync: the
+/// launching thread, not the device, is the bottleneck (a framework's Python between
+/// kernels).
+fn cpu_bound(ms: u64) -> Vec<String> {
+    let mut v = vec![
+        "steps-for".into(),
+        ms.to_string(),
+        "200".into(),
+        "sleep_20us".into(),
+        "0".into(),
+    ];
+    v.push("25".into());
+    v
 }
 
 fn steps(ms: u64, k: u64, gap_us: u64) -> Vec<String> {
@@ -197,6 +213,37 @@ fn privileged_host_gapped_loops_get_their_share_of_work() {
         within(*g, want, 3.0, &format!("tenant at {want}"), &ctx);
     }
     assert!(got.iter().sum::<f64>() >= 90.0, "total\n{ctx}");
+}
+
+/// A CPU-bound launcher (its thread, not the device, is the bottleneck) at 25 next to a
+/// saturating tenant at 75: each gets its share of work within ±5 points. (Today the
+/// launcher gets about 22-23: taking turns costs a CPU-bound loop part of its turns, which
+/// on the H200 is worse — docs/benchmarks.md, issue 10 open — so this is held at the H200
+/// bar's ±5, not the ±3 of the GPU-bound cases.)
+#[test]
+fn privileged_a_cpu_bound_launcher_gets_its_share_of_work() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("clscpu");
+    let agent = w.agent();
+    let (solo_cpu, solo_sat) = (
+        solo(&w, &agent, cpu_bound(3000)),
+        solo(&w, &agent, saturating(3000)),
+    );
+    let mut ts = vec![
+        tenant(&w, "cpu25", &["--compute", "25"], &[cpu_bound(8000)]),
+        tenant(&w, "sat75", &["--compute", "75"], &[saturating(8000)]),
+    ];
+    go(&mut ts);
+    let r = finish(ts, &agent);
+    let (c, s) = (100.0 * r[0][0] / solo_cpu, 100.0 * r[1][0] / solo_sat);
+    println!(
+        "CPU-bound launcher 25 / saturating 75 (alone {solo_cpu:.1} / {solo_sat:.1} steps/s): {c:.1}% / {s:.1}%"
+    );
+    let ctx = format!("agent log:\n{}", agent.log_text());
+    within(c, 25.0, 5.0, "CPU-bound launcher at 25", &ctx);
+    within(s, 75.0, 3.0, "saturating tenant at 75", &ctx);
 }
 
 /// A container running two processes gets its container's share, not two shares and not

@@ -14,8 +14,10 @@
 //!   sync | sleep MS | hold | nvml
 //!   launch-for MS KERNEL        (10 launches + sync, repeated for MS ms; prints n)
 //!   graph-for MS N KERNEL       (a graph of N launches replayed for MS ms; prints replays)
-//!   steps-for MS K KERNEL GAP_US (K launches + sync + GAP_US of host time, repeated for MS
-//!                                ms; a `steps-at mono_ms= steps=` line every 100 ms)
+//!   steps-for MS K KERNEL GAP_US [SPIN_US] (K launches + sync + GAP_US of host time,
+//!                                repeated for MS ms; SPIN_US of host work before each
+//!                                launch: a CPU-bound launcher; a `steps-at mono_ms= steps=`
+//!                                line every 100 ms)
 //!   stress THREADS PAIRS SIZE   (THREADS threads × PAIRS cuMemAlloc_v2 + cuMemFree_v2 each)
 //!   bench-alloc PAIRS SIZE      (one thread; prints ns_per_pair)
 //!   bench-launch N KERNEL       (N launches + sync; prints launches_per_s; `empty` is real
@@ -624,14 +626,29 @@ impl Driver {
     /// of wall time. Every 100 ms a `steps-at mono_ms=T steps=N` line (T: CLOCK_MONOTONIC,
     /// the same in every PID namespace), so that rates over windows can be compared across
     /// processes; at the end `steps-for ok steps=N ... elapsed_ms=E`.
-    fn steps_for(&mut self, ms: u64, k: u64, kernel: &str, gap_us: u64) {
+    fn steps_for(&mut self, ms: u64, k: u64, kernel: &str, gap_us: u64, spin_us: u64) {
         let t = Instant::now();
         let mut steps = 0u64;
         let mut next_report = 0u64;
         let rc = match self.function(kernel) {
             Err(rc) => rc,
             Ok(f) => loop {
-                let rc = self.launch_n(f, k, 0);
+                let rc = if spin_us == 0 {
+                    self.launch_n(f, k, 0)
+                } else {
+                    // A CPU-bound launcher (a framework's Python between kernels): SPIN_US of
+                    // host work before each launch.
+                    (0..k)
+                        .map(|_| {
+                            let until = Instant::now() + std::time::Duration::from_micros(spin_us);
+                            while Instant::now() < until {
+                                std::hint::spin_loop();
+                            }
+                            self.launch_n(f, 1, 0)
+                        })
+                        .find(|&rc| rc != 0)
+                        .unwrap_or(0)
+                };
                 // SAFETY: no arguments.
                 let sync = unsafe { (self.api.ctx_synchronize)() };
                 if rc != 0 || sync != 0 {
@@ -990,7 +1007,15 @@ fn main() {
                 let kernel = args.get(i + 2).cloned().unwrap_or_default();
                 let gap = num_arg(args.get(i + 3)).unwrap_or(0);
                 i += 4;
-                d.steps_for(ms, k, &kernel, gap);
+                // An optional fifth number: SPIN_US of host work before each launch.
+                let spin = match args.get(i).and_then(|a| a.parse::<u64>().ok()) {
+                    Some(n) => {
+                        i += 1;
+                        n
+                    }
+                    None => 0,
+                };
+                d.steps_for(ms, k, &kernel, gap, spin);
             }
             "graph-for" => {
                 let ms = num_arg(args.get(i)).unwrap_or(1000);
