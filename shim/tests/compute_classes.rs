@@ -512,3 +512,54 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
         a.procs.clear();
     }
 }
+
+/// A hostile tenant at 50 writes into its own usage page, for 4 s, what would make a naive
+/// controller wait for it forever — fresh waiting and launch stamps for every process and
+/// device, huge queued work, measured GPU time that keeps it in turns — and never launches. Its neighbour at 50, saturating, still
+/// gets its share (≥ 45% of its solo rate) and is never held off the device for more than a
+/// turn and a drain (progress in every 300 ms).
+#[test]
+fn privileged_a_tenant_forging_its_page_cannot_hold_the_device() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("clsforge");
+    let agent = w.agent();
+    let alone = solo(&w, &agent, saturating(2000));
+    let hostile = Cgroup::new(&unique("fgpu-cls-forger"));
+    w.set_limits(&hostile, &["--compute", "50"]);
+    let mut ts = vec![tenant(
+        &w,
+        "honest",
+        &["--compute", "50"],
+        &[saturating(5000)],
+    )];
+    let forger = w.client(&hostile, &[], "forge-compute", &["4500"]);
+    go(&mut ts);
+    let f = forger.finish();
+    let honest = ts.pop().unwrap().procs.pop().unwrap().finish();
+    let ctx = format!(
+        "forger: {f}\nhonest: {honest}\nagent log:\n{}",
+        agent.log_text()
+    );
+    assert_eq!(f.code, Some(0), "{ctx}");
+    assert!(f.line("forge done").contains("writes="), "{ctx}");
+    assert_eq!(honest.code, Some(0), "{ctx}");
+    let p = progress(&honest.lines);
+    let (t0, t1) = (p[0].0 + 500, p[p.len() - 1].0);
+    let got = 100.0 * rate_between(&p, t0, t1) / alone;
+    let mut longest = 0;
+    for w2 in p.windows(2).filter(|w2| w2[0].0 >= t0) {
+        if w2[1].1 == w2[0].1 {
+            longest += w2[1].0 - w2[0].0;
+        } else {
+            longest = 0;
+        }
+        assert!(
+            longest < 300,
+            "the honest tenant made no progress for {longest} ms\n{ctx}"
+        );
+    }
+    println!("next to a tenant forging its page: honest tenant at {got:.1}% of its solo rate");
+    assert!(got >= 45.0, "honest tenant at {got:.1}%\n{ctx}");
+}

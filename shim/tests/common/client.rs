@@ -4,7 +4,7 @@
 //! point from `cuGetProcAddress_v2`. One output line per result.
 //!
 //! Modes: `race THREADS CHUNK_MIB CHURN`, `fork`, `fork-fresh`, `nvml2`, `rtld`, `probe`,
-//! `watch-total`, `tamper`, `forged-hello KIND`.
+//! `watch-total`, `tamper`, `forged-hello KIND`, `forge-compute MS`.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -552,6 +552,83 @@ fn forged_hello(args: &[u64]) {
     ));
 }
 
+/// `forge-compute MS`: a hostile tenant. It takes its cgroup's ledger (an allocation through
+/// the shim), maps the usage memfd it was handed read-write, and for MS ms writes into every
+/// slot and device what would keep a naive controller busy with it forever: a fresh waiting
+/// and launch stamp (the heartbeat read from its read-only limits page), huge queued work,
+/// measured GPU time growing with wall time — without ever launching. Prints
+/// `forge done writes=N heartbeats=[..]`.
+fn forge_compute(args: &[u64]) {
+    use fgpu_common::ledger::{DeviceTurn, Limits, MAX_DEVICES, MAX_SLOTS, PAGE, SLOTS_OFFSET};
+    use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+    let ms = args.first().copied().unwrap_or(3000);
+    let cuda = Cuda::open().expect("libcuda.so.1");
+    let ctx = cuda.context().expect("context");
+    cuda.set_current(ctx);
+    out(format!("forge alloc {:?}", cuda.alloc(64 << 20)));
+    let usage = own_memfd("fgpu-usage").expect("a usage memfd from the agent");
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let limits = maps
+        .lines()
+        .find(|l| l.contains("memfd:fgpu-limits"))
+        .and_then(|l| usize::from_str_radix(l.split('-').next()?, 16).ok())
+        .expect("the limits page is mapped");
+    let size = fgpu_common::ledger::USAGE_SIZE;
+    // SAFETY: a new shared mapping of our own usage memfd (it is handed out read-write).
+    let u = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            usage,
+            0,
+        )
+    };
+    assert_ne!(u, libc::MAP_FAILED);
+    let heartbeat = |dev: usize| {
+        let off = std::mem::offset_of!(Limits, turns)
+            + dev * std::mem::size_of::<DeviceTurn>()
+            + std::mem::offset_of!(DeviceTurn, heartbeat);
+        // SAFETY: an aligned u64 inside the limits page this process has mapped.
+        unsafe { &*((limits + off) as *const AtomicU64) }.load(Relaxed)
+    };
+    let slot_size = std::mem::size_of::<fgpu_common::ledger::Slot>();
+    let compute_off = std::mem::offset_of!(fgpu_common::ledger::Slot, compute);
+    let rec = std::mem::size_of::<fgpu_common::ledger::SlotCompute>();
+    let start = std::time::Instant::now();
+    let mut writes = 0u64;
+    while start.elapsed() < std::time::Duration::from_millis(ms) {
+        for slot in 0..16.min(MAX_SLOTS) {
+            for dev in 0..MAX_DEVICES {
+                let beat = heartbeat(dev);
+                let base =
+                    u as usize + SLOTS_OFFSET - PAGE + slot * slot_size + compute_off + dev * rec;
+                // SAFETY: aligned fields of slot records inside our mapping of the usage part
+                // (SlotCompute: wait_beat, launch_beat, inflight, queued_ns).
+                unsafe {
+                    (*(base as *const AtomicU64)).store(beat, Relaxed);
+                    (*((base + 8) as *const AtomicU64)).store(beat, Relaxed);
+                    (*((base + 16) as *const AtomicI64)).store(1 << 40, Relaxed);
+                    (*((base + 24) as *const AtomicI64)).store(i64::MAX, Relaxed);
+                }
+                writes += 1;
+            }
+        }
+        // Measured GPU time that grows as fast as wall time: it looks busy, not latency-bound
+        // (so it is given turns, which it then does not use).
+        for dev in 0..MAX_DEVICES {
+            let off = std::mem::offset_of!(fgpu_common::ledger::Usage, compute)
+                + dev * std::mem::size_of::<fgpu_common::ledger::DeviceCompute>();
+            // SAFETY: an aligned u64 (`DeviceCompute::gpu_ns`) inside our mapping.
+            unsafe { &*((u as usize + off) as *const AtomicU64) }.fetch_add(250_000, Relaxed);
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    let beats: Vec<u64> = (0..2).map(heartbeat).collect();
+    out(format!("forge done writes={writes} heartbeats={beats:?}"));
+}
+
 /// Runs the client selected by FGPU_TEST_CLIENT, if any; returns false if none.
 pub fn main() -> bool {
     let Ok(mode) = std::env::var("FGPU_TEST_CLIENT") else {
@@ -572,6 +649,7 @@ pub fn main() -> bool {
         "watch-total" => watch_total(),
         "tamper" => tamper(),
         "forged-hello" => forged_hello(&args),
+        "forge-compute" => forge_compute(&args),
         other => panic!("unknown client mode {other}"),
     }
     true
