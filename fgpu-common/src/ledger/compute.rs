@@ -105,9 +105,6 @@ pub struct Activity {
     pub inflight: i64,
     /// Their estimated GPU time, ns.
     pub queued_ns: i64,
-    /// The part of `inflight` of processes whose stamps are fresh (the others cannot report
-    /// their work complete: stopped or dead).
-    pub live_inflight: i64,
 }
 
 impl Ledger {
@@ -147,9 +144,6 @@ impl Ledger {
             if inflight > 0 {
                 a.inflight += inflight;
                 a.queued_ns += c.queued_ns.load(Relaxed).clamp(0, MAX_QUEUED_NS);
-                if is_fresh(wait) || is_fresh(launch) {
-                    a.live_inflight += inflight;
-                }
             }
         }
         a.queued_ns = a.queued_ns.min(MAX_QUEUED_NS);

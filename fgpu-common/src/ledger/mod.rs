@@ -80,8 +80,6 @@ pub struct DeviceTurn {
     /// The most estimated GPU time, ns, a process may have queued on the device (0: the
     /// shim's default). Small while another container runs beside the holder.
     pub queue_ns: AtomicU64,
-    /// Device time this container held turns on the device, ns (only grows; for status).
-    pub turn_ns: AtomicU64,
 }
 
 /// Page 0: identification, limits and compute turns.
@@ -124,9 +122,6 @@ pub struct DeviceUsage {
 pub struct DeviceCompute {
     /// GPU time measured by the container's shims on this device, ns (only grows).
     pub gpu_ns: AtomicU64,
-    /// Batches that began on an idle stream (the process had waited for its work: a
-    /// latency-bound loop), for status.
-    pub idle_starts: AtomicU64,
 }
 
 /// Page 1: usage per device.

@@ -125,7 +125,6 @@ fn activity_counts_fresh_stamps_only() {
     assert_eq!(a.last_launch, 99);
     assert_eq!(a.inflight, 1);
     assert_eq!(a.queued_ns, 3_000_000);
-    assert_eq!(a.live_inflight, 0, "slot 5 is stale");
     // Another device is untouched.
     assert_eq!(l.activity(2, 100, 10), Activity::default());
 }

@@ -226,8 +226,22 @@ pub fn queue_bound(d: &Dev, m: u8) -> i64 {
     if m & M_LEDGER == 0 {
         return 0;
     }
-    ledger_parts(d).map_or(0, |(_, _, t)| {
-        t.queue_ns.load(Relaxed).min(i64::MAX as u64) as i64
+    ledger_parts(d).map_or(0, |(_, _, t)| bound_of(t))
+}
+
+fn bound_of(t: &DeviceTurn) -> i64 {
+    t.queue_ns.load(Relaxed).min(i64::MAX as u64) as i64
+}
+
+/// Notes a gated launch for the controller (it is not idle); returns the queue bound
+/// ([`queue_bound`]), read from the same record.
+pub fn launched(d: &Dev, m: u8) -> i64 {
+    if m & M_LEDGER == 0 {
+        return 0;
+    }
+    ledger_parts(d).map_or(0, |(_, c, t)| {
+        c.launched(t.beat());
+        bound_of(t)
     })
 }
 
@@ -238,15 +252,6 @@ pub fn some_turn_closed() -> bool {
         d.mode.load(Relaxed) & M_LEDGER != 0
             && ledger_parts(d).is_some_and(|(_, _, t)| !t.is_open())
     })
-}
-
-/// Notes a gated launch for the controller (it is not idle).
-pub fn launched(d: &Dev, m: u8) {
-    if m & M_LEDGER != 0
-        && let Some((_, c, t)) = ledger_parts(d)
-    {
-        c.launched(t.beat());
-    }
 }
 
 /// Counts the calling thread among the process's waiters for as long as it lives; the last

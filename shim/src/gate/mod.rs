@@ -337,7 +337,7 @@ pub fn launch(kind: Kind, stream: Handle, ptsz: bool, call: impl FnOnce() -> CUr
     }
     // Admission may have switched the device to its local fallback.
     let m = d.mode.load(Acquire);
-    budget::launched(d, m);
+    let bound = budget::launched(d, m);
     let Some(g) = s.try_own() else {
         // Another thread does this stream's bookkeeping right now: charge the estimate.
         let rc = call();
@@ -366,7 +366,7 @@ pub fn launch(kind: Kind, stream: Handle, ptsz: bool, call: impl FnOnce() -> CUr
     let k = kind as usize;
     let est = if inner.known[k] { inner.est[k] } else { 0 };
     budget::charge_local(d, m, est);
-    let batch_gpu = match budget::queue_bound(d, m) {
+    let batch_gpu = match bound {
         0 => BATCH_GPU_NS,
         bound => (bound / 2).clamp(MIN_BATCH_GPU_NS, BATCH_GPU_NS),
     };

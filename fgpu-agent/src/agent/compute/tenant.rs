@@ -57,7 +57,7 @@ pub struct Tenant {
     pub held: Option<Held>,
     /// It may co-run from this time on (ns; a cool-down after it was sent back to turns).
     pub corun_after: u64,
-    /// Device time held in turns, ns (only grows; also in the ledger for status).
+    /// Device time held in turns, ns (only grows; for status).
     pub turn_total: u64,
     pub seen: bool,
     /// (tick time, gpu_ns, turn_total) samples for the achieved share and co-run usage.
@@ -175,11 +175,10 @@ impl Tenant {
     }
 
     /// Charges `dt` of device time it held (in a turn or its drain): virtual time, the
-    /// status total, and the duty sample (taken every `sample_ns` of turn time).
+    /// status total (`turn_total`), and the duty sample (taken every `sample_ns` of turn time).
     pub fn charge(&mut self, dt: u64, sample_ns: u64) {
         self.vtime += dt as f64 / self.weight();
         self.turn_total += dt;
-        self.turn().turn_ns.fetch_add(dt, SeqCst);
         self.duty_turn += dt;
         if self.duty_turn >= sample_ns {
             let sample = (self.duty_gpu as f64 / self.duty_turn as f64).min(1.0);
