@@ -88,18 +88,20 @@ impl Stream {
         }
     }
 
+    /// The owner flag, if nobody holds it. (The guard is made only on success: a guard made
+    /// and dropped on failure would release the holder's flag.)
     pub fn try_own(&self) -> Option<Owned<'_>> {
         self.owner
             .compare_exchange(false, true, Acquire, Relaxed)
             .is_ok()
-            .then_some(Owned(self))
+            .then(|| Owned(self))
     }
 }
 
 pub static TABLE: [Stream; STREAMS] = [const { Stream::new() }; STREAMS];
 
 /// The owner flag of a slot, released on drop.
-pub struct Owned<'a>(pub &'a Stream);
+pub struct Owned<'a>(&'a Stream);
 
 impl Owned<'_> {
     #[allow(clippy::mut_from_ref)]
@@ -212,4 +214,22 @@ fn setup(g: &Owned<'_>, key: u64, rec: usize, now: u64) {
     s.stray_n.store(0, Relaxed);
     s.last_use.store(now, Relaxed);
     s.key.store(key, Release);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_try_leaves_the_holder_its_flag() {
+        let s = Stream::new();
+        let held = s.try_own().expect("free");
+        assert!(s.try_own().is_none(), "held by the first guard");
+        assert!(
+            s.try_own().is_none(),
+            "a failed try must not have released the holder's flag"
+        );
+        drop(held);
+        assert!(s.try_own().is_some());
+    }
 }
