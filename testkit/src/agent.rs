@@ -52,7 +52,8 @@ pub fn containers_socket_for(admin: &Path) -> PathBuf {
 }
 
 impl SimAgent {
-    /// Starts `fgpu agent --sim --log info` on `paths` with `extra` arguments and waits (up
+    /// Starts `fgpu agent --sim --log info` (or `FGPU_TEST_AGENT_LOG`'s filter, to debug a
+    /// test) on `paths` with `extra` arguments and waits (up
     /// to 20 s) until it accepts connections; panics with its log if it does not. The admin
     /// socket is `paths.socket`, the containers' socket [`containers_socket_for`] it.
     pub fn start(paths: &AgentPaths<'_>, extra: &[&str]) -> Self {
@@ -61,8 +62,9 @@ impl SimAgent {
 
     /// [`SimAgent::start`] with the containers' socket at `containers_socket`.
     pub fn start_doors(paths: &AgentPaths<'_>, containers_socket: &Path, extra: &[&str]) -> Self {
+        let log = std::env::var("FGPU_TEST_AGENT_LOG").unwrap_or_else(|_| "info".into());
         let child = Command::new(paths.fgpu)
-            .args(["agent", "--sim", "--log", "info", "--admin-socket"])
+            .args(["agent", "--sim", "--log", &log, "--admin-socket"])
             .arg(paths.socket)
             .arg("--socket")
             .arg(containers_socket)
@@ -129,6 +131,13 @@ impl Drop for SimAgent {
             // SAFETY: kill on our own, unreaped child's pid.
             unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
             let _ = self.child.wait();
+        }
+        // `FGPU_TEST_KEEP_LOGS=DIR` keeps the agent's log (to debug a passing test).
+        if let Some(dir) = std::env::var_os("FGPU_TEST_KEEP_LOGS")
+            && let Some(name) = self.log.file_name()
+        {
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::copy(&self.log, Path::new(&dir).join(name));
         }
         let _ = std::fs::remove_file(&self.log);
         // The directories the agent made for its sockets, if it left them empty.

@@ -102,7 +102,7 @@ def main():
         if phase not in ran:
             return
         got = [sh(phase, t) for t in "abc"[: len(wants)]]
-        sl = "slice" + phase[1:] if phase != "s3" else "slice3"
+        sl = "slice" + phase[1:] if not phase.startswith("s3") else "slice3"
         if sl in ran:
             check(f"{sl}: driver time-slicing (comparison)", True,
                   " / ".join(f"{n} {fmt(sh(sl, t))}%" for n, t in zip(names, "abc")), "none",
@@ -111,29 +111,36 @@ def main():
             check(f"{phase}: {n} at --compute {w}", abs(g - w) <= 5, f"{fmt(g)}%", f"{w} +- 5")
         check(f"{phase}: total", sum(got) >= 90, f"{fmt(sum(got))}%", ">= 90%")
 
-    shares("s25", [25, 75], ["cnn", "attn"])
-    shares("s3", [20, 30, 50], ["cnn", "attn", "graph"])
-    shares("s30", [30, 70], ["matmul", "graph"])
-    shares("s50", [50, 50], ["matmul", "graph"])
+    variants = [""] + sorted({"@" + p.split("@", 1)[1] for p in ran if "@" in p})
+    for v in variants:
+        shares("s25" + v, [25, 75], ["cnn", "attn"])
+        shares("s3" + v, [20, 30, 50], ["cnn", "attn", "graph"])
+        shares("s30" + v, [30, 70], ["matmul", "graph"])
+        shares("s50" + v, [50, 50], ["matmul", "graph"])
 
-    if "mp" in ran:
-        two = 100 * (per_s(get("mp", "a", 1)) + per_s(get("mp", "a", 2))) / ref2p
-        one = sh("mp", "b")
-        check("mp: 2-process container at --compute 50 (both ÷ both alone)", abs(two - 50) <= 5,
-              f"{fmt(two)}% ({fmt(sh('mp', 'a', 1))} + {fmt(sh('mp', 'a', 2))} of one alone)",
-              "50 +- 5")
-        check("mp: 1-process container at --compute 50", abs(one - 50) <= 5, f"{fmt(one)}%",
-              "50 +- 5")
+        if "mp" + v in ran:
+            mp = "mp" + v
+            two = 100 * (per_s(get(mp, "a", 1)) + per_s(get(mp, "a", 2))) / ref2p
+            one = sh(mp, "b")
+            check(f"{mp}: 2-process container at --compute 50 (both ÷ both alone)",
+                  abs(two - 50) <= 5,
+                  f"{fmt(two)}% ({fmt(sh(mp, 'a', 1))} + {fmt(sh(mp, 'a', 2))} of one alone)",
+                  "50 +- 5")
+            check(f"{mp}: 1-process container at --compute 50", abs(one - 50) <= 5,
+                  f"{fmt(one)}%", "50 +- 5")
 
-    if "dec" in ran:
-        d, t = sh("dec", "a"), sh("dec", "b")
-        ds, ts = sh("slicedec", "a"), sh("slicedec", "b")
-        check("slicedec: driver time-slicing, decoder / cnn (comparison)", True,
-              f"{fmt(ds)}% / {fmt(ts)}%", "none", verdict="INFO")
-        check("dec: decoder at --compute 50, of its solo token rate",
-              d >= 50 and (math.isnan(ds) or d >= ds), f"{fmt(d)}%",
-              f">= 50 and >= time-slicing's {fmt(ds)}")
-        check("dec: cnn training next to it at --compute 50", t >= 50, f"{fmt(t)}%", ">= 50")
+        if "dec" + v in ran:
+            dec = "dec" + v
+            d, t = sh(dec, "a"), sh(dec, "b")
+            ds, ts = sh("slicedec", "a"), sh("slicedec", "b")
+            if not v:
+                check("slicedec: driver time-slicing, decoder / cnn (comparison)", True,
+                      f"{fmt(ds)}% / {fmt(ts)}%", "none", verdict="INFO")
+            check(f"{dec}: decoder at --compute 50, of its solo token rate",
+                  d >= 50 and (math.isnan(ds) or d >= ds), f"{fmt(d)}%",
+                  f">= 50 and >= time-slicing's {fmt(ds)}")
+            check(f"{dec}: cnn training next to it at --compute 50", t >= 50, f"{fmt(t)}%",
+                  ">= 50")
 
     if "kill" in ran:
         try:
@@ -186,6 +193,37 @@ def main():
                     "compute_used_pct", "compute_corun", "compute_nvml_pct")}
                     for r in rows if "fgpu-real" in str(r.get("cgroup"))}
             print(f"INFO: agent's view during {p}: {json.dumps(view, sort_keys=True)}")
+    # How the turns went, per gated phase and tenant (the controller's once-a-second debug
+    # lines between the script's PHASE-START/END markers in agent.log), averaged per turn.
+    turn_stats = {}
+    try:
+        phase_now = None
+        for line in open(os.path.join(args.out, "agent.log"), errors="replace"):
+            if line.startswith("PHASE-START "):
+                phase_now = line.split()[1]
+            elif line.startswith("PHASE-END "):
+                phase_now = None
+            elif phase_now and "compute tenant" in line and "fgpu-real-" in line:
+                kv = dict(re.findall(r'(\w+)="?([^" ]+)"?', line))
+                key = (phase_now, kv.get("cgroup", "?").rsplit("-", 1)[-1])
+                acc = turn_stats.setdefault(key, {"lines": 0, "turns": 0, "w": {}})
+                acc["lines"] += 1
+                n = int(kv.get("turns", 0))
+                acc["turns"] += n
+                for f in ("ended_idle", "ended_cap", "drain_deadline"):
+                    acc[f] = acc.get(f, 0) + int(kv.get(f, 0))
+                for f in ("turn_ms", "first_launch_ms", "drain_ms", "switch_wait_ms"):
+                    acc["w"][f] = acc["w"].get(f, 0.0) + n * float(kv.get(f, 0))
+                acc["duty"] = kv.get("duty")
+                acc["mode"] = kv.get("mode")
+    except OSError:
+        pass
+    for (p, t), acc in sorted(turn_stats.items()):
+        n = max(acc["turns"], 1)
+        per = " ".join(f"{f}={acc['w'][f] / n:.2f}" for f in acc["w"])
+        print(f"INFO: turns in {p} for {t}: {acc['turns']} in {acc['lines']} s, {per}, "
+              f"ended_idle={acc.get('ended_idle', 0)} drain_deadline={acc.get('drain_deadline', 0)} "
+              f"duty={acc['duty']} mode={acc['mode']}")
     missing = [f"{r['phase']}/{r['tenant']}-{r['n']} (rc {r['rc']})" for r in runs
                if not r["result"] and not (r["phase"] == "kill" and r["n"] == 1 and r["tenant"] == "a")]
     if missing:

@@ -16,7 +16,9 @@
 #              gated path's own cost
 #   s30 / s50  issue 6's matmul / graph pair; bareN / fullN: matmul without fgpu vs
 #              --compute 100 under agent + shim, interleaved
-# ONLY="s25 dec ..." runs the references and just those phases. PASS/FAIL lines and a table
+# ONLY="s25 dec ..." runs the references and just those phases; VARIANTS="ov:FGPU_COMPUTE_OVERLAP=1"
+# runs the chosen mixes again under an agent with those tuning overrides (phases MIX@ov);
+# TRACE=1 writes every worker's step times ($OUT/PHASE-TENANT-N.trace.json). PASS/FAIL lines and a table
 # last (also $OUT/compute_real.txt); details in $OUT/compute_real.json, worker logs in
 # $OUT/PHASE-TENANT-N.log, `fgpu status --json` near the end of each gated phase in
 # $OUT/status-PHASE.json, the agent's log (debug lines of the controller) in $OUT/agent.log.
@@ -69,7 +71,8 @@ report() {
 }
 start_agent() {
   rm -rf "$BPF"; rm -f "$SOCK" "$ADMIN"; mkdir -p "$(dirname "$SOCK")"
-  FGPU_LOG= "$FGPU" agent --socket "$SOCK" "${ADMIN_ARGS[@]}" --libcuda "$LIBCUDA" --bpf-dir "$BPF" \
+  # shellcheck disable=SC2086
+  env FGPU_LOG= ${AGENT_ENV:-} "$FGPU" agent --socket "$SOCK" "${ADMIN_ARGS[@]}" --libcuda "$LIBCUDA" --bpf-dir "$BPF" \
     --state-dir "$WORK/state" --log "${AGENT_LOG:-info,fgpu::agent::compute=debug}" >> "$OUT/agent.log" 2>&1 &
   agent_pid=$!
   for _ in $(seq 150); do [ -S "$(cli_sock)" ] && break; kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.1; done
@@ -112,6 +115,7 @@ worker() {
   else envs=(env -u LD_PRELOAD -u FGPU_SOCKET -u FGPU_LOG); fi
   in_container "$t" timeout -k 5 $((120 + warm + secs)) "${envs[@]}" "$PY" "$HERE/workloads.py" "$role" \
     --seconds "$secs" --warmup "$warm" --ready "$WORK/$phase.$t.$n.ready" --go "$go" \
+    ${TRACE:+--trace "$OUT/$phase-$t-$n.trace.json"} \
     > "$OUT/$phase-$t-$n.log" 2>&1 &
 }
 record() { # PHASE TENANT N ROLE MODE RC
@@ -144,6 +148,7 @@ phase() {
   [ "$ready" = "${#specs[@]}" ] || echo "WARN: $name: $ready of ${#specs[@]} workers got ready"
   start=$(awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }')
   echo "$start" > "$WORK/$name.go.tmp" && mv "$WORK/$name.go.tmp" "$WORK/$name.go"
+  echo "PHASE-START $name" >> "$OUT/agent.log"
   if [ -n "$agent_pid" ]; then
     sleep "$(awk -v w="$WARM" -v s="$SECS" 'BEGIN { print w + s - 0.7 }')"
     fgpu status --json > "$OUT/status-$name.json" 2>&1
@@ -155,6 +160,7 @@ phase() {
     record "$name" "$t" "${idx[$i]}" "$role" "$mode" "$rc"
     [ "$rc" = 0 ] || { echo "   $name/$t-${idx[$i]} exited $rc:"; tail -3 "$OUT/$name-$t-${idx[$i]}.log" | sed 's/^/   /'; }
   done
+  echo "PHASE-END $name" >> "$OUT/agent.log"
   reap
 }
 # The kill phase: cnn (a) and attn (b) at 50/50 under the agent for 16 s. A second cnn
@@ -214,9 +220,11 @@ phase ref-attn a:attn:bare
 { want dec || want alone50; } && phase ref-decoder a:decoder:bare
 { want s30 || want s50 || want full; } && phase ref-matmul a:matmul:bare
 want mp && phase ref2p a:cnn:bare a:cnn:bare
-want s25 && phase slice25 a:cnn:bare b:attn:bare
-want dec && phase slicedec a:decoder:bare b:cnn:bare
-want s3 && phase slice3 a:cnn:bare b:attn:bare c:graph:bare
+if [ -z "${NO_SLICE:-}" ]; then # NO_SLICE=1: skip the time-slicing comparisons
+  want s25 && phase slice25 a:cnn:bare b:attn:bare
+  want dec && phase slicedec a:decoder:bare b:cnn:bare
+  want s3 && phase slice3 a:cnn:bare b:attn:bare c:graph:bare
+fi
 
 start_agent
 if want alone50; then # the gated path alone (its turn re-granted at once): its cost per launch
@@ -224,14 +232,28 @@ if want alone50; then # the gated path alone (its turn re-granted at once): its 
   phase alone50-decoder a:decoder:fgpu
   phase alone50-cnn a:cnn:fgpu
 fi
-if want s25; then limits "--compute 25" "--compute 75" ""; phase s25 a:cnn:fgpu b:attn:fgpu; fi
-if want dec; then limits "--compute 50" "--compute 50" ""; phase dec a:decoder:fgpu b:cnn:fgpu; fi
-if want mp; then limits "--compute 50" "--compute 50" ""; phase mp a:cnn:fgpu a:cnn:fgpu b:cnn:fgpu; fi
-if want s3; then limits "--compute 20" "--compute 30" "--compute 50"; phase s3 a:cnn:fgpu b:attn:fgpu c:graph:fgpu; fi
-if want kill; then limits "--compute 50" "--compute 50" ""; kill_phase; fi
-if want s30; then limits "--compute 30" "--compute 70" ""; phase s30 a:matmul:fgpu b:graph:fgpu; fi
-if want s50; then limits "--compute 50" "--compute 50" ""; phase s50 a:matmul:fgpu b:graph:fgpu; fi
+gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for a variant)
+  local v=$1
+  if want s25; then limits "--compute 25" "--compute 75" ""; phase "s25$v" a:cnn:fgpu b:attn:fgpu; fi
+  if want dec; then limits "--compute 50" "--compute 50" ""; phase "dec$v" a:decoder:fgpu b:cnn:fgpu; fi
+  if want mp; then limits "--compute 50" "--compute 50" ""; phase "mp$v" a:cnn:fgpu a:cnn:fgpu b:cnn:fgpu; fi
+  if want s3; then limits "--compute 20" "--compute 30" "--compute 50"; phase "s3$v" a:cnn:fgpu b:attn:fgpu c:graph:fgpu; fi
+  if [ -z "$v" ] && want kill; then limits "--compute 50" "--compute 50" ""; kill_phase; fi
+  if want s30; then limits "--compute 30" "--compute 70" ""; phase "s30$v" a:matmul:fgpu b:graph:fgpu; fi
+  if want s50; then limits "--compute 50" "--compute 50" ""; phase "s50$v" a:matmul:fgpu b:graph:fgpu; fi
+}
+gated_phases ""
 stop_agent
+# VARIANTS="NAME:VAR=V,VAR=V ...": the gated mixes again under an agent started with those
+# variables (the controller's tuning overrides, docs/compute.md), phases named MIX@NAME.
+for variant in ${VARIANTS:-}; do
+  AGENT_ENV=$(echo "${variant#*:}" | tr ',' ' ')
+  echo "== variant ${variant%%:*}: agent with $AGENT_ENV"
+  start_agent
+  gated_phases "@${variant%%:*}"
+  stop_agent
+done
+AGENT_ENV=
 if want full; then
   n=0
   for mode in bare fgpu fgpu bare; do

@@ -124,9 +124,10 @@ def build(role):
     raise SystemExit(f"unknown role {role}")
 
 
-def run(step, in_flight, seconds, progress):
+def run(step, in_flight, seconds, progress, trace=None):
     """Runs step() for `seconds`; with in_flight > 0, at most that many steps queued (an
-    event per step). Returns (iterations, seconds)."""
+    event per step); `trace` (a list) gets the wall time after every step. Returns
+    (iterations, seconds)."""
     import torch
 
     torch.cuda.synchronize()
@@ -144,6 +145,8 @@ def run(step, in_flight, seconds, progress):
             next_sample += 0.1
         step()
         n += 1
+        if trace is not None:
+            trace.append(time.time())
         if in_flight:
             e = torch.cuda.Event()
             e.record()
@@ -161,6 +164,7 @@ def main():
     ap.add_argument("--warmup", type=float, default=3.0)
     ap.add_argument("--ready")
     ap.add_argument("--go")
+    ap.add_argument("--trace", help="write the wall time after every measured step (JSON)")
     args = ap.parse_args()
     step, in_flight = build(args.role)
     for _ in range(5):
@@ -174,9 +178,13 @@ def main():
     if args.warmup > 0:
         run(step, in_flight, args.warmup, None)
     progress = []
+    trace = [] if args.trace else None
     t_start = time.time()
-    n, secs = run(step, in_flight, args.seconds, progress)
+    n, secs = run(step, in_flight, args.seconds, progress, trace)
     t_end = time.time()
+    if args.trace:
+        with open(args.trace, "w") as f:
+            json.dump([round(t, 6) for t in trace], f)
     print("RESULT " + json.dumps({
         "role": args.role, "iterations": n, "seconds": secs, "per_s": n / secs,
         "t_start": t_start, "t_end": t_end, "late_s": late, "pid": os.getpid(),

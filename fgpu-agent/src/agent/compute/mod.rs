@@ -150,6 +150,7 @@ type TenantId = (u64, usize);
 #[derive(Clone, Copy)]
 struct Drain {
     from: TenantId,
+    started: u64,
     deadline: u64,
 }
 
@@ -168,24 +169,66 @@ pub struct Controller {
     last_tick: u64,
     last_sample: u64,
     last_log: u64,
-    /// Overrides of [`LIGHT_DUTY`] (`FGPU_COMPUTE_LIGHT_DUTY`, for experiments).
-    light_duty: Option<f64>,
+    tuning: Tuning,
+}
+
+/// The model's constants, overridable from the environment for experiments (the agent logs
+/// every override at start): `FGPU_COMPUTE_LIGHT_DUTY` (0-1), `FGPU_COMPUTE_ROUND_MS`,
+/// `FGPU_COMPUTE_QUEUE_US`, `FGPU_COMPUTE_OVERLAP` (0/1: open the next turn while the
+/// previous holder drains).
+#[derive(Debug, Clone, Copy)]
+struct Tuning {
+    light_duty: f64,
+    round_ns: i64,
+    queue_ns: u64,
+    overlap: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        Tuning {
+            light_duty: LIGHT_DUTY,
+            round_ns: ROUND_NS,
+            queue_ns: QUEUE_NS,
+            overlap: false,
+        }
+    }
+}
+
+impl Tuning {
+    fn from_env() -> Tuning {
+        fn var<T: std::str::FromStr>(name: &str, ok: impl Fn(&T) -> bool) -> Option<T> {
+            let v = std::env::var(name).ok()?;
+            match v.parse::<T>() {
+                Ok(x) if ok(&x) => {
+                    tracing::info!(name, value = %v, "compute controller: tuning override");
+                    Some(x)
+                }
+                _ => {
+                    tracing::warn!(name, value = %v, "compute controller: bad tuning override ignored");
+                    None
+                }
+            }
+        }
+        let d = Tuning::default();
+        Tuning {
+            light_duty: var("FGPU_COMPUTE_LIGHT_DUTY", |x: &f64| (0.0..=1.0).contains(x))
+                .unwrap_or(d.light_duty),
+            round_ns: var("FGPU_COMPUTE_ROUND_MS", |x: &i64| (10..=2000).contains(x))
+                .map_or(d.round_ns, |ms| ms * 1_000_000),
+            queue_ns: var("FGPU_COMPUTE_QUEUE_US", |x: &u64| {
+                (100..=50_000).contains(x)
+            })
+            .map_or(d.queue_ns, |us| us * 1000),
+            overlap: var("FGPU_COMPUTE_OVERLAP", |x: &u8| *x <= 1).map_or(d.overlap, |x| x == 1),
+        }
+    }
 }
 
 impl Controller {
     pub fn new() -> Controller {
-        let light_duty = std::env::var("FGPU_COMPUTE_LIGHT_DUTY")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|d| (0.0..=1.0).contains(d));
-        if let Some(d) = light_duty {
-            tracing::info!(
-                light_duty = d,
-                "compute controller: FGPU_COMPUTE_LIGHT_DUTY"
-            );
-        }
         Controller {
-            light_duty,
+            tuning: Tuning::from_env(),
             ..Controller::default()
         }
     }
@@ -276,13 +319,9 @@ impl Controller {
         if m.is_finite() { m } else { 0.0 }
     }
 
-    fn light_duty(&self) -> f64 {
-        self.light_duty.unwrap_or(LIGHT_DUTY)
-    }
-
     /// Decides the turn on one device.
     fn schedule(&mut self, device: u64, now: u64, dt: u64) {
-        let light_duty = self.light_duty();
+        let tuning = self.tuning;
         let ids: Vec<TenantId> = self
             .tenants
             .iter()
@@ -322,16 +361,39 @@ impl Controller {
         }
         // The holder: charge its turn, end it when due.
         if let Some(h) = dev.holder {
+            // Somebody else waits who is not ahead of the holder: its quantum is then over
+            // (a holder still furthest behind goes on, no switch for nothing).
+            let mine = tenants[&h].vtime;
             let others_wait = ids.iter().any(|k| {
                 let o = &tenants[k];
-                *k != h && o.mode == Mode::Turns && o.waiting() && o.eligible()
+                *k != h && o.mode == Mode::Turns && o.waiting() && o.eligible() && o.vtime <= mine
             });
             let t = tenants.get_mut(&h).expect("holder");
             let held = t.held.expect("a holder holds a turn");
-            t.charge(dt, DUTY_SAMPLE_NS);
-            let long = now.saturating_sub(held.since) >= t.quantum();
+            if !held.pending {
+                t.charge(dt, DUTY_SAMPLE_NS);
+            }
+            let long = now.saturating_sub(held.since) >= t.quantum(tuning.round_ns);
             let idle = t.idle_in_turn(now, IDLE_NS, MAX_DRAIN_NS);
-            if !t.eligible() || idle || (others_wait && long) {
+            if held.pending {
+                // Its clock starts when the drain before it ends.
+            } else if !t.eligible() || idle || (others_wait && long) {
+                if !t.eligible() {
+                    t.stats.ended_cap += 1;
+                } else if idle {
+                    t.stats.ended_idle += 1;
+                } else {
+                    t.stats.ended_quantum += 1;
+                }
+                t.stats.turn_ns += now.saturating_sub(held.granted);
+                tracing::trace!(
+                    cgroup = %t.ledger.cgroup,
+                    held_us = now.saturating_sub(held.granted) / 1000,
+                    why = if !t.eligible() { "cap" } else if idle { "idle" } else { "quantum" },
+                    queued_us = t.act.queued_ns.max(0) / 1000,
+                    inflight = t.act.inflight,
+                    "compute: turn ends"
+                );
                 t.held = None;
                 set_turn(t, TURN_CLOSED);
                 dev.holder = None;
@@ -339,11 +401,12 @@ impl Controller {
                 let wait = (queued + queued / 2 + 1_000_000).min(MAX_DRAIN_NS);
                 dev.draining = Some(Drain {
                     from: h,
+                    started: now,
                     deadline: now + wait,
                 });
             } else if long {
                 // Alone (or everybody else is capped out): the turn goes on.
-                t.held = Some(Held { since: now });
+                t.held = Some(Held { since: now, ..held });
             }
         }
         // The drain: the previous holder's queued work still runs on the device, so the
@@ -358,9 +421,28 @@ impl Controller {
             };
             if drained || now >= d.deadline {
                 dev.draining = None;
+                let took = now.saturating_sub(d.started);
+                tracing::trace!(
+                    took_us = took / 1000,
+                    deadline = !drained,
+                    "compute: drain ends"
+                );
+                for k in &ids {
+                    let o = tenants.get_mut(k).expect("tenant");
+                    if *k == d.from {
+                        o.stats.drain_ns += took;
+                        o.stats.drain_deadline += u64::from(!drained);
+                    } else if let Some(h) = o.held.as_mut().filter(|h| h.pending) {
+                        // Opened during the drain (overlap): its clock starts now.
+                        (h.pending, h.since, h.granted) = (false, now, now);
+                        o.stats.switch_wait_ns += took;
+                    } else if o.mode == Mode::Turns && o.waiting() {
+                        o.stats.switch_wait_ns += took;
+                    }
+                }
                 if let Some(t) = tenants.get_mut(&d.from)
                     && gated(t.share)
-                    && t.duty < light_duty
+                    && t.duty < tuning.light_duty
                     && t.eligible()
                     && now >= t.corun_after
                 {
@@ -374,25 +456,37 @@ impl Controller {
                 }
             }
         }
-        if dev.holder.is_none() && dev.draining.is_none() {
+        let draining = dev.draining.map(|d| d.from);
+        if dev.holder.is_none() && (draining.is_none() || tuning.overlap) {
             let next = ids
                 .iter()
                 .filter(|k| {
                     let t = &tenants[*k];
-                    t.mode == Mode::Turns && t.waiting() && t.eligible()
+                    Some(**k) != draining && t.mode == Mode::Turns && t.waiting() && t.eligible()
                 })
                 .min_by(|a, b| tenants[*a].vtime.total_cmp(&tenants[*b].vtime))
                 .copied();
             if let Some(n) = next {
                 let t = tenants.get_mut(&n).expect("tenant");
-                t.held = Some(Held { since: now });
+                t.held = Some(Held {
+                    since: now,
+                    granted: now,
+                    launched: false,
+                    pending: draining.is_some(),
+                });
+                t.stats.turns += 1;
+                tracing::trace!(cgroup = %t.ledger.cgroup, pending = draining.is_some(), "compute: turn granted");
                 dev.holder = Some(n);
             }
         }
         // Write the decisions: the holder's turn open, co-runners beside it, everybody else
         // closed; small queues while anyone co-runs.
         let corun = ids.iter().any(|k| tenants[k].mode == Mode::CoRun);
-        let queue = if corun { CORUN_QUEUE_NS } else { QUEUE_NS };
+        let queue = if corun {
+            CORUN_QUEUE_NS.min(tuning.queue_ns)
+        } else {
+            tuning.queue_ns
+        };
         for k in &ids {
             let t = &tenants[k];
             let state = if Some(*k) == dev.holder {
@@ -421,6 +515,11 @@ impl Controller {
         for t in self.tenants.values_mut() {
             t.record(now);
             if log_now {
+                let (s, l) = (t.stats, t.logged);
+                t.logged = s;
+                let turns = s.turns - l.turns;
+                let per =
+                    |a: u64, b: u64| format!("{:.2}", (a - b) as f64 / 1e6 / turns.max(1) as f64);
                 tracing::debug!(
                     cgroup = %t.ledger.cgroup,
                     device = t.idx,
@@ -435,6 +534,15 @@ impl Controller {
                     waiting = t.act.waiting,
                     inflight = t.act.inflight,
                     grants = t.turn().grant.load(SeqCst),
+                    turns,
+                    ended_quantum = s.ended_quantum - l.ended_quantum,
+                    ended_idle = s.ended_idle - l.ended_idle,
+                    ended_cap = s.ended_cap - l.ended_cap,
+                    turn_ms = per(s.turn_ns, l.turn_ns),
+                    first_launch_ms = per(s.first_launch_ns, l.first_launch_ns),
+                    drain_ms = per(s.drain_ns, l.drain_ns),
+                    drain_deadline = s.drain_deadline - l.drain_deadline,
+                    switch_wait_ms = per(s.switch_wait_ns, l.switch_wait_ns),
                     "compute tenant"
                 );
             }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use fgpu_common::ledger::DeviceTurn;
 use fgpu_common::ledger::compute::Activity;
 
-use super::{ACHIEVED_OVER, FRESH_BEATS, MIN_QUANTUM_NS, ROUND_NS, WINDOW_NS};
+use super::{ACHIEVED_OVER, FRESH_BEATS, MIN_QUANTUM_NS, WINDOW_NS};
 use crate::agent::ledgers::CgroupLedger;
 
 /// How a tenant gets the device.
@@ -27,6 +27,36 @@ pub enum Mode {
 pub struct Held {
     /// When it was granted (or last rolled over), ns.
     pub since: u64,
+    /// When it was granted, ns (for the statistics).
+    pub granted: u64,
+    /// Whether a launch was seen in it yet.
+    pub launched: bool,
+    /// Opened while the previous holder's work still drains: its processes may launch (the
+    /// work queues behind the drain), but its clock starts when the drain ends.
+    pub pending: bool,
+}
+
+/// How a tenant's turns went (only grows; logged as deltas, read by status and metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TurnStats {
+    /// Turns granted.
+    pub turns: u64,
+    /// Turns ended at their quantum because somebody else waited.
+    pub ended_quantum: u64,
+    /// Turns given up unused (the idle rule).
+    pub ended_idle: u64,
+    /// Turns ended by an empty cap bucket.
+    pub ended_cap: u64,
+    /// Time from grant to the end of its turns, ns.
+    pub turn_ns: u64,
+    /// Time its drains took after its turns, ns, and how many ended at their deadline
+    /// (its shims did not report the work complete in time).
+    pub drain_ns: u64,
+    pub drain_deadline: u64,
+    /// Time from a grant to the first launch seen in that turn, ns (wake-up and host time).
+    pub first_launch_ns: u64,
+    /// Time it waited for a turn while another tenant's drain ran, ns (switch latency).
+    pub switch_wait_ns: u64,
 }
 
 pub struct Tenant {
@@ -59,6 +89,9 @@ pub struct Tenant {
     pub corun_after: u64,
     /// Device time held in turns, ns (only grows; for status).
     pub turn_total: u64,
+    pub stats: TurnStats,
+    /// The statistics at the last debug log line.
+    pub logged: TurnStats,
     pub seen: bool,
     /// (tick time, gpu_ns, turn_total) samples for the achieved share and co-run usage.
     pub history: VecDeque<(u64, u64, u64)>,
@@ -86,6 +119,8 @@ impl Tenant {
             held: None,
             corun_after: 0,
             turn_total: 0,
+            stats: TurnStats::default(),
+            logged: TurnStats::default(),
             seen: true,
             history: VecDeque::new(),
         }
@@ -117,9 +152,9 @@ impl Tenant {
         self.act.waiting > 0
     }
 
-    /// The length of its turn, ns of device time.
-    pub fn quantum(&self) -> u64 {
-        let q = (ROUND_NS as f64 * self.weight() / 100.0) as i64;
+    /// The length of its turn in a round of `round_ns`, ns of device time.
+    pub fn quantum(&self, round_ns: i64) -> u64 {
+        let q = (round_ns as f64 * self.weight() / 100.0) as i64;
         q.max(MIN_QUANTUM_NS) as u64
     }
 
@@ -145,6 +180,13 @@ impl Tenant {
         if self.act.last_launch != self.launch_beat || delta > 0 {
             self.launch_beat = self.act.last_launch;
             self.launch_at = now;
+            if let Some(h) = self.held.as_mut()
+                && !h.launched
+                && !h.pending
+            {
+                h.launched = true;
+                self.stats.first_launch_ns += now.saturating_sub(h.granted);
+            }
         }
     }
 
