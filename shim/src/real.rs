@@ -201,6 +201,7 @@ syms! {
         fn(*mut Handle, CUdevice) -> CUresult;
     // The launch gate's helpers (crate::gate), never wrapped.
     CU_CTX_GET_CURRENT Cuda c"cuCtxGetCurrent": fn(*mut Handle) -> CUresult;
+    CU_CTX_SET_CURRENT Cuda c"cuCtxSetCurrent": fn(Handle) -> CUresult;
     CU_EVENT_CREATE Cuda c"cuEventCreate": fn(*mut Handle, c_uint) -> CUresult;
     CU_EVENT_DESTROY Cuda c"cuEventDestroy_v2": fn(Handle) -> CUresult;
     CU_EVENT_RECORD Cuda c"cuEventRecord": fn(Handle, Handle) -> CUresult;

@@ -234,11 +234,67 @@ def main():
     json.dump({"references": ref, "ref2p": ref2p, "checks": checks, "runs": runs,
                "status": status}, open(os.path.join(args.out, "compute_real.json"), "w"),
               indent=1, default=str)
-    print("\n| phase | tenant | loop | fgpu | iter/s | share % | gate |")
-    print("|---|---|---|---|---|---|---|")
+    # The GPU's SM clock and power per phase (nvidia-smi samples every 200 ms).
+    clocks = {}
+    try:
+        import datetime
+        spans = {}
+        for line in open(os.path.join(args.out, "phases.txt")):
+            name, what, at = line.split()
+            spans.setdefault(name, {})[what] = float(at)
+        samples = []
+        for line in open(os.path.join(args.out, "smi.csv")):
+            f = [x.strip() for x in line.split(",")]
+            try:
+                at = datetime.datetime.strptime(f[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                samples.append((at, float(f[1]), float(f[3]), float(f[4])))
+            except (ValueError, IndexError):
+                continue
+        for name, sp in spans.items():
+            if "start" in sp and "end" in sp:
+                v = [x for x in samples if sp["start"] + 1 <= x[0] <= sp["end"]]
+                if v:
+                    clocks[name] = (statistics.median(x[1] for x in v),
+                                    statistics.median(x[2] for x in v),
+                                    statistics.median(x[3] for x in v))
+    except OSError:
+        pass
+
+    def clock(r):
+        c = clocks.get(r["phase"])
+        return f"{c[0]:.0f} / {c[1]:.0f} / {c[2]:.0f}" if c else "-"
+
+    def step_us(r):
+        """Median time between steps from the worker's trace (TRACE=1), µs."""
+        path = r["log"][: -len(".log")] + ".trace.json"
+        try:
+            t = json.load(open(path))
+        except (OSError, ValueError):
+            return "-"
+        gaps = [b - a for a, b in zip(t, t[1:])]
+        return f"{1e6 * statistics.median(gaps):.0f}" if gaps else "-"
+
+    for role in ("decoder", "cnn"):
+        bare = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-bare-{role}", r["phase"])]
+        gated = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-gated-{role}", r["phase"])]
+        if bare and gated:
+            check(f"ab: {role} alone at --compute 50 vs no fgpu, interleaved", True,
+                  f"{fmt(100 * statistics.mean(gated) / statistics.mean(bare))}% "
+                  f"({' / '.join(fmt(x) for x in gated)} vs {' / '.join(fmt(x) for x in bare)} it/s)",
+                  "info", verdict="INFO")
+
+    def cpu(r):
+        res = r.get("result") or {}
+        if "cpu_s" not in res:
+            return "-"
+        return f"{100 * res['cpu_s'] / max(res['seconds'], 1e-9):.0f} ({res['nvcsw']}/{res['nivcsw']})"
+
+    print("\n| phase | tenant | loop | fgpu | iter/s | share % | median step µs | cpu % (vol/invol switches) | SM MHz / W / util % | gate |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         print(f"| {r['phase']} | {r['tenant']}{'' if r['n'] == 1 else r['n']} | {r['role']} "
-              f"| {r['mode']} | {fmt(per_s(r))} | {fmt(r['share'])} | {r['gate'] or '-'} |")
+              f"| {r['mode']} | {fmt(per_s(r))} | {fmt(r['share'])} | {step_us(r)} | {cpu(r)} "
+              f"| {clock(r)} | {r['gate'] or '-'} |")
     return 1 if fails else 0
 
 

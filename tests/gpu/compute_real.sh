@@ -13,7 +13,8 @@
 #   kill       cnn 50 / attn 50; the cnn container is killed mid-run (cgroup.kill, like
 #              `docker kill`), then a new cnn process starts in it
 #   alone50    decoder, then cnn, each alone at --compute 50 (gated, nobody else waits): the
-#              gated path's own cost
+#              gated path's own cost; ab: the same interleaved with bare runs (ab1-bare-decoder,
+#              ab1-gated-decoder, ab2-..., ab1-bare-cnn, ab1-gated-cnn)
 #   s30 / s50  issue 6's matmul / graph pair; bareN / fullN: matmul without fgpu vs
 #              --compute 100 under agent + shim, interleaved
 # ONLY="s25 dec ..." runs the references and just those phases; VARIANTS="ov:FGPU_COMPUTE_OVERLAP=1"
@@ -54,8 +55,10 @@ cli_sock() { if [ ${#ADMIN_ARGS[@]} -gt 0 ]; then echo "$ADMIN"; else echo "$SOC
 agent_pid=""
 wd_pid=""
 reported=""
+smi_pid=""
 cleanup() {
   [ -n "$wd_pid" ] && kill "$wd_pid" 2>/dev/null
+  [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null
   reap 2>/dev/null
   for n in $TENANTS; do rmdir "$CG/fgpu-real-$n" 2>/dev/null; done
   stop_agent
@@ -67,7 +70,11 @@ report() {
   echo
   echo "================ compute shares, everyday workloads, on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) ================"
   "$PY" "$HERE/compute_real.py" --runs "$RUNS" --out "$OUT" | tee "$OUT/compute_real.txt"
-  return "${PIPESTATUS[0]}"
+  local rc=${PIPESTATUS[0]}
+  # Few files come back from a GPU machine: pack the traces and worker logs.
+  (cd "$OUT" && tar -czf workers.tgz ./*.trace.json ./*-[abc]-[0-9].log 2>/dev/null \
+    && rm -f ./*.trace.json ./*-[abc]-[0-9].log)
+  return "$rc"
 }
 start_agent() {
   rm -rf "$BPF"; rm -f "$SOCK" "$ADMIN"; mkdir -p "$(dirname "$SOCK")"
@@ -149,6 +156,7 @@ phase() {
   start=$(awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }')
   echo "$start" > "$WORK/$name.go.tmp" && mv "$WORK/$name.go.tmp" "$WORK/$name.go"
   echo "PHASE-START $name" >> "$OUT/agent.log"
+  echo "$name start $start" >> "$OUT/phases.txt"
   if [ -n "$agent_pid" ]; then
     sleep "$(awk -v w="$WARM" -v s="$SECS" 'BEGIN { print w + s - 0.7 }')"
     fgpu status --json > "$OUT/status-$name.json" 2>&1
@@ -161,6 +169,7 @@ phase() {
     [ "$rc" = 0 ] || { echo "   $name/$t-${idx[$i]} exited $rc:"; tail -3 "$OUT/$name-$t-${idx[$i]}.log" | sed 's/^/   /'; }
   done
   echo "PHASE-END $name" >> "$OUT/agent.log"
+  echo "$name end $(date +%s.%N)" >> "$OUT/phases.txt"
   reap
 }
 # The kill phase: cnn (a) and attn (b) at 50/50 under the agent for 16 s. A second cnn
@@ -212,6 +221,11 @@ wd_pid=$!
 cat "$OUT/environment.txt"
 for n in $TENANTS; do mkdir -p "$CG/fgpu-real-$n" || exit 1; done
 reap
+# The GPU's clocks and power through the run (per phase in the report).
+: > "$OUT/phases.txt"
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu \
+  --format=csv,noheader,nounits -lms 200 > "$OUT/smi.csv" 2>/dev/null &
+smi_pid=$!
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 phase ref-cnn a:cnn:bare
@@ -231,6 +245,15 @@ if want alone50; then # the gated path alone (its turn re-granted at once): its 
   limits "--compute 50" "" ""
   phase alone50-decoder a:decoder:fgpu
   phase alone50-cnn a:cnn:fgpu
+fi
+if want ab; then # the same, interleaved with bare runs (b has no limit) under the same agent
+  limits "--compute 50" "" ""
+  for i in 1 2; do
+    phase "ab$i-bare-decoder" b:decoder:bare
+    phase "ab$i-gated-decoder" a:decoder:fgpu
+  done
+  phase ab1-bare-cnn b:cnn:bare
+  phase ab1-gated-cnn a:cnn:fgpu
 fi
 gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for a variant)
   local v=$1

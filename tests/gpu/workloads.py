@@ -179,15 +179,22 @@ def main():
         run(step, in_flight, args.warmup, None)
     progress = []
     trace = [] if args.trace else None
+    import resource
+
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
     t_start = time.time()
     n, secs = run(step, in_flight, args.seconds, progress, trace)
     t_end = time.time()
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    # The process's CPU time (all threads) and context switches over the measured run.
+    cpu = {"cpu_s": round(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, 3),
+           "nvcsw": r1.ru_nvcsw - r0.ru_nvcsw, "nivcsw": r1.ru_nivcsw - r0.ru_nivcsw}
     if args.trace:
         with open(args.trace, "w") as f:
             json.dump([round(t, 6) for t in trace], f)
     print("RESULT " + json.dumps({
         "role": args.role, "iterations": n, "seconds": secs, "per_s": n / secs,
-        "t_start": t_start, "t_end": t_end, "late_s": late, "pid": os.getpid(),
+        "t_start": t_start, "t_end": t_end, "late_s": late, "pid": os.getpid(), **cpu,
         "progress": progress,
     }), flush=True)
     return 0

@@ -35,11 +35,12 @@ impl DeviceTurn {
         self.heartbeat.load(Relaxed)
     }
 
-    /// Sets the turn state; wakes waiters (bumps `grant`) when it opens. Returns whether it
-    /// changed. The caller wakes the futex.
+    /// Sets the turn state, bumping `grant` at every change (waiting threads sleep on it
+    /// until the turn opens, each process's watcher until it opens or closes). Returns whether
+    /// it changed. The caller wakes the futex.
     pub fn set(&self, state: i64) -> bool {
         let prev = self.state.swap(state, Release);
-        if prev != state && state > 0 {
+        if prev != state {
             self.grant.fetch_add(1, Release);
         }
         prev != state

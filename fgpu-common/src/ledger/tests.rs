@@ -95,7 +95,7 @@ fn racing_threads_never_overshoot() {
 }
 
 #[test]
-fn turns_start_closed_and_open_with_a_grant() {
+fn turns_start_closed_and_every_change_bumps_the_word() {
     let l = ledger();
     let t = l.turn(3);
     assert_eq!(t.state.load(SeqCst), TURN_CLOSED);
@@ -105,8 +105,14 @@ fn turns_start_closed_and_open_with_a_grant() {
     assert_eq!(t.grant.load(SeqCst), 1);
     assert!(!t.set(TURN_OPEN), "no change, no grant");
     assert_eq!(t.grant.load(SeqCst), 1);
-    t.set(TURN_CLOSED);
-    assert_eq!(t.grant.load(SeqCst), 1, "closing wakes nobody");
+    assert!(t.set(TURN_CLOSED));
+    assert_eq!(
+        t.grant.load(SeqCst),
+        2,
+        "closing bumps it too (the watchers wake)"
+    );
+    assert!(t.set(TURN_CORUN));
+    assert_eq!(t.grant.load(SeqCst), 3);
 }
 
 #[test]

@@ -98,8 +98,34 @@ fn sleep_ns(ns: u64) {
     unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
 }
 
+/// The word the watcher sleeps on — the turn word of a ledger-gated device where this
+/// process has work queued, else of the first ledger-gated one — with its value now, and
+/// whether more than one device is gated (one futex cannot watch them all).
+pub fn watch_word() -> Option<(&'static AtomicU32, u32, bool)> {
+    let mut first = None;
+    let mut gated = 0;
+    for d in &DEVS {
+        if d.mode.load(Relaxed) & M_LEDGER == 0 {
+            continue;
+        }
+        let Some((_, c, t)) = ledger_parts(d) else {
+            continue;
+        };
+        gated += 1;
+        if first.is_none() || c.inflight.load(Relaxed) > 0 {
+            first = Some(&t.grant);
+        }
+    }
+    first.map(|w| (w, w.load(Acquire), gated > 1))
+}
+
+/// Sleeps on a turn word while it holds `seen`, at most `ns` (the watcher thread).
+pub fn watch_wait(word: &AtomicU32, seen: u32, ns: u64) {
+    futex_wait(word, seen, ns);
+}
+
 /// Sleeps on `word` while it still holds `seen`, at most `ns` (a futex on the shared,
-/// read-only limits page: the agent's controller wakes it after a grant).
+/// read-only limits page: the agent's controller wakes it at every change of the turn).
 fn futex_wait(word: &AtomicU32, seen: u32, ns: u64) {
     let ts = libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
@@ -245,13 +271,23 @@ pub fn launched(d: &Dev, m: u8) -> i64 {
     })
 }
 
-/// Whether some ledger-gated device's turn is closed now (the controller may be waiting for
-/// this process's work to drain).
-pub fn some_turn_closed() -> bool {
-    DEVS.iter().any(|d| {
-        d.mode.load(Relaxed) & M_LEDGER != 0
-            && ledger_parts(d).is_some_and(|(_, _, t)| !t.is_open())
-    })
+/// What the watcher thread needs to know about this process on its ledger-gated devices:
+/// whether it has work queued (batches counted in its slot), and whether such a device's turn
+/// is closed while it has (the controller then waits for that work to drain).
+pub fn drain_state() -> (bool, bool) {
+    let (mut queued, mut closed) = (false, false);
+    for d in &DEVS {
+        if d.mode.load(Relaxed) & M_LEDGER == 0 {
+            continue;
+        }
+        if let Some((_, c, t)) = ledger_parts(d)
+            && c.inflight.load(Relaxed) > 0
+        {
+            queued = true;
+            closed |= !t.is_open();
+        }
+    }
+    (queued, closed)
 }
 
 /// Counts the calling thread among the process's waiters for as long as it lives; the last

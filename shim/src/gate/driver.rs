@@ -141,3 +141,18 @@ pub fn current_ctx() -> usize {
     }
     c as usize
 }
+
+/// Makes `ctx` the calling thread's current context (the watcher thread, before it works on
+/// a stream of that context: the legacy stream handle means the current context's). False if
+/// it could not.
+pub fn set_current_ctx(ctx: usize) -> bool {
+    if current_ctx() == ctx {
+        return true;
+    }
+    let Some(f) = real::CU_CTX_SET_CURRENT.get() else {
+        return false;
+    };
+    // SAFETY: cuCtxSetCurrent(CUcontext) with a context the process made current on some
+    // thread (recorded when its stream was first seen); it only changes this thread's binding.
+    unsafe { f(ctx as Handle) == CUDA_SUCCESS }
+}

@@ -107,9 +107,13 @@ pub fn now_ns() -> u64 {
 }
 
 /// Settles the completed batches of every stream whose bookkeeping is free right now.
-/// Returns whether some batch is still outstanding.
-fn settle_all() -> bool {
+/// Returns whether some batch is still outstanding. With `close_paused` (the watcher thread
+/// only: it changes the calling thread's current context) it also closes the open batch of a
+/// stream nobody has launched into for [`GAP_NS`] — its launcher may be blocked in a
+/// synchronisation, and the controller waits for that batch before the next turn.
+fn settle_all(close_paused: bool) -> bool {
     let mut left = false;
+    let now = now_ns();
     for s in &streams::TABLE {
         if s.key.load(Relaxed) == 0 {
             continue;
@@ -118,11 +122,22 @@ fn settle_all() -> bool {
             continue;
         };
         let inner = g.inner();
+        let (d, m) = budget::dev_mode(s.ord.load(Relaxed));
         if inner.out > 0 {
-            let (d, m) = budget::dev_mode(s.ord.load(Relaxed));
             batch::settle_ready(s, inner, d, m);
-            left |= inner.out > 0;
         }
+        if close_paused
+            && inner.open.is_some()
+            && now.saturating_sub(s.last_use.load(Relaxed)) > GAP_NS
+            && inner.rec != streams::CU_STREAM_PER_THREAD
+        {
+            let prev = driver::current_ctx();
+            if driver::set_current_ctx(inner.ctx) {
+                batch::close_after_pause(s, inner, d, m);
+                driver::set_current_ctx(prev);
+            }
+        }
+        left |= inner.out > 0 || inner.open.is_some();
     }
     left
 }
@@ -161,16 +176,19 @@ fn init() {
     unsafe { libc::atexit(report) };
 }
 
-/// How often the watcher looks at the ledger's generation...
-const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
-/// ...and settles this process's batches while one of its turns is closed and some are
-/// still outstanding.
+/// How often the watcher looks at the ledger's generation at least...
+const WATCH_EVERY_NS: u64 = 50_000_000;
+/// ...at most this long while more than one device is gated (it sleeps on one turn word)...
+const WATCH_DEVICES_NS: u64 = 1_000_000;
+/// ...and how often it settles this process's work while one of its turns is closed and
+/// some is still outstanding.
 const WATCH_DRAIN: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Under an agent: a thread that re-reads the compute settings when the agent changes them,
 /// so that a share set on a running process that launches without being gated (its launches
-/// take the fast path and never look) applies within [`WATCH_EVERY`] (one load per wake-up),
-/// and that reports this process's work complete while its turn is closed.
+/// take the fast path and never look) applies within [`WATCH_EVERY_NS`] (one load per
+/// wake-up), and that reports this process's work complete as soon as its turn closes: the
+/// controller bumps the turn's word at every change, and the watcher sleeps on it.
 /// Not restarted in forked children (they notice at their next allocation).
 fn start_watcher() {
     if !ledger_file::current().2 {
@@ -181,12 +199,30 @@ fn start_watcher() {
         .spawn(|| {
             loop {
                 check_generation();
-                // While a turn of ours is closed and our work is still running, settle it
-                // promptly: the application's threads may be blocked in a synchronisation
-                // (`loss.item()`, `cudaStreamSynchronize`) and not see it complete, and the
-                // controller hands the device on only once it has.
-                let draining = budget::some_turn_closed() && settle_all();
-                std::thread::sleep(if draining { WATCH_DRAIN } else { WATCH_EVERY });
+                // The word's value before the state is read: a change after this wakes the
+                // sleep below at once.
+                let word = budget::watch_word();
+                // While a turn of ours is closed and our work is still queued, settle it (and
+                // close batches left open by a thread blocked in a synchronisation —
+                // `loss.item()`, `cudaStreamSynchronize` — which would not see it complete):
+                // the controller hands the device on only once it has.
+                let (_, closed) = budget::drain_state();
+                if closed && settle_all(true) {
+                    std::thread::sleep(WATCH_DRAIN);
+                    continue;
+                }
+                match word {
+                    Some((w, seen, several)) => budget::watch_wait(
+                        w,
+                        seen,
+                        if several {
+                            WATCH_DEVICES_NS
+                        } else {
+                            WATCH_EVERY_NS
+                        },
+                    ),
+                    None => std::thread::sleep(std::time::Duration::from_nanos(WATCH_EVERY_NS)),
+                }
             }
         });
     if let Err(e) = spawned {
@@ -325,7 +361,7 @@ pub fn launch(kind: Kind, stream: Handle, ptsz: bool, call: impl FnOnce() -> CUr
         d,
         m,
         || driver::capturing(rec),
-        settle_all,
+        || settle_all(false),
         || {
             if !paused {
                 close_open();

@@ -23,7 +23,7 @@ pub const STREAMS: usize = 256;
 /// A stream record unused for this long may be taken for another stream when the table is
 /// full.
 const IDLE_EVICT_NS: u64 = 1_000_000_000;
-const CU_STREAM_PER_THREAD: usize = 2;
+pub const CU_STREAM_PER_THREAD: usize = 2;
 
 pub struct Inner {
     /// The context the events belong to.

@@ -134,10 +134,11 @@ fn wake(t: &DeviceTurn) {
     };
 }
 
-/// Sets a tenant's turn state, waking its waiters when it opens.
+/// Sets a tenant's turn state, waking whoever sleeps on its word at every change (threads
+/// waiting for the turn; each process's watcher, which settles its work when the turn closes).
 fn set_turn(t: &Tenant, state: i64) {
     let turn = t.turn();
-    if turn.set(state) && state > 0 {
+    if turn.set(state) {
         wake(turn);
     }
 }
