@@ -1,5 +1,5 @@
 use super::compute::Activity;
-use super::compute::{TURN_CLOSED, TURN_OPEN};
+use super::compute::{TURN_CLOSED, TURN_CORUN, TURN_OPEN};
 use super::*;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
