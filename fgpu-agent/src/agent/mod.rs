@@ -5,9 +5,11 @@
 //! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
 
 mod backstop;
+mod bound;
 mod budget;
 mod cgroups;
 mod compute;
+mod containers;
 mod control;
 mod discovery;
 mod doors;
@@ -109,6 +111,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     server::check_paths(&args.admin_socket, &args.socket)?;
     let host = preflight::check()?;
     let limits = limits::LimitStore::open(&args.state_dir)?;
+    let bound = bound::Bound::open(&args.state_dir)?;
     let access = control::Access {
         group_gid: args.socket_group.as_deref().map(group_id).transpose()?,
         group_name: args.socket_group.clone(),
@@ -159,6 +162,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         cgroup2_mount: host.cgroup2_mount.clone(),
         kernel: Mutex::new(kernel),
         limits: Mutex::new(limits),
+        bound: Mutex::new(bound),
         gpus,
         access,
         ledgers: ledgers::Ledgers::default(),
@@ -219,6 +223,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
             Arc::clone(&state),
         );
         let enforce_task = tokio::spawn(enforce::run(Arc::clone(&state)));
+        let bound_task = tokio::spawn(bound::run(Arc::clone(&state)));
         let served = tokio::select! {
             () = serve_containers => Ok(()),
             () = serve_admin => Ok(()),
@@ -227,6 +232,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         events_task.abort();
         publisher_task.abort();
         enforce_task.abort();
+        bound_task.abort();
         served
     });
     let _ = std::fs::remove_file(&args.socket);
