@@ -8,8 +8,10 @@ mod containers;
 
 use std::time::{Duration, Instant};
 
-use common::{Agent, privileged};
-use containers::{CdiSpec, Podman, info_total};
+use std::path::PathBuf;
+
+use common::{Agent, fgpu, privileged};
+use containers::{CdiSpec, Podman, PodmanAgent, info_total};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -30,8 +32,27 @@ fn allocs(n: usize) -> Vec<&'static str> {
         .collect()
 }
 
+/// An agent's two sockets, wherever the agent runs.
+pub struct Doors {
+    pub socket: PathBuf,
+    pub admin: PathBuf,
+}
+
+impl Doors {
+    /// `fgpu ARGS... --socket <admin socket>`.
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        let mut all = args.to_vec();
+        all.extend(["--socket", self.admin.to_str().unwrap()]);
+        fgpu(&all)
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::from_str(&ok(&self.cli(&["status", "--json"]))).unwrap()
+    }
+}
+
 /// The admin socket's `fgpu limit ls --json`: the cgroups with limits of their own.
-fn limited(agent: &Agent) -> Vec<String> {
+fn limited(agent: &Doors) -> Vec<String> {
     let out = ok(&agent.cli(&["limit", "ls", "--json"]));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     v.as_array()
@@ -42,7 +63,7 @@ fn limited(agent: &Agent) -> Vec<String> {
 }
 
 /// The whole two-container scenario against an agent serving `socket` and `admin`.
-pub fn two_containers(agent: &Agent) {
+pub fn two_containers(agent: &Doors) {
     let podman = Podman::new();
     let spec = CdiSpec::generate(&agent.socket, &agent.admin, &[]);
     let gpu = spec.device("0");
@@ -230,5 +251,65 @@ fn privileged_two_podman_containers_hold_their_limits_from_the_cdi_hook() {
         return;
     }
     let agent = Agent::start();
-    two_containers(&agent);
+    two_containers(&Doors {
+        socket: agent.socket.clone(),
+        admin: agent.admin.clone(),
+    });
+}
+
+#[test]
+fn privileged_the_agent_in_a_podman_container_says_what_its_container_lacks() {
+    if !privileged() {
+        return;
+    }
+    let podman = Podman::new();
+    let host = ["--host-process".to_string(), std::process::id().to_string()];
+    let base = ["--privileged", "--network=none", "--rm"];
+    for (extra, cgroup2, needle) in [
+        (
+            &["--pid=private", "--cgroupns=host"][..],
+            true,
+            "--pid=host",
+        ),
+        (
+            &["--pid=host", "--cgroupns=private"][..],
+            true,
+            "--cgroupns=host",
+        ),
+        (
+            &["--pid=host", "--cgroupns=host"][..],
+            false,
+            "no cgroup v2 hierarchy is mounted in the agent's container",
+        ),
+    ] {
+        let mut options = base.to_vec();
+        options.extend(extra);
+        let name = common::unique("fgpu-agent-bad");
+        let out = PodmanAgent::command(&podman, &name, &options, cgroup2, &host)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr).into_owned()
+            + &String::from_utf8_lossy(&out.stdout);
+        assert!(
+            !out.status.success(),
+            "{extra:?}: the agent started: {text}"
+        );
+        assert!(text.contains(needle), "{extra:?}: {text}");
+    }
+}
+
+#[test]
+fn privileged_two_podman_containers_hold_their_limits_with_the_agent_in_a_container() {
+    if !privileged() {
+        return;
+    }
+    let agent = PodmanAgent::start();
+    let doors = Doors {
+        socket: agent.socket.clone(),
+        admin: agent.admin.clone(),
+    };
+    // The host's CLI is served (it is in the namespaces of --host-process).
+    let out = ok(&doors.cli(&["status"]));
+    assert!(out.contains("probed:"), "{out}");
+    two_containers(&doors);
 }

@@ -16,6 +16,7 @@ mod doors;
 mod enforce;
 mod events;
 mod gpus;
+mod hostns;
 mod kernel;
 mod ledgers;
 mod limits;
@@ -99,6 +100,14 @@ pub struct AgentArgs {
     /// Log filter (tracing's EnvFilter syntax), e.g. `info`, `debug`, `fgpu=debug`.
     #[arg(long, value_name = "FILTER", default_value = "info", env = "FGPU_LOG")]
     log: String,
+
+    /// When the agent runs in a container (privileged, --pid=host, --cgroupns=host): a process
+    /// on the host, e.g. 1. The admin socket then serves callers in its PID, mount and user
+    /// namespaces (the host's fgpu, the CDI hook) instead of the agent's own; the agent first
+    /// checks that it shares the host's PID, cgroup and user namespaces and says which
+    /// container option is missing if not. docs/containers.md.
+    #[arg(long, value_name = "PID")]
+    host_process: Option<u32>,
 }
 
 pub fn run(args: AgentArgs) -> Result<()> {
@@ -109,6 +118,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     server::check_paths(&args.admin_socket, &args.socket)?;
+    match args.host_process {
+        Some(pid) => hostns::adopt(pid)?,
+        None => hostns::warn_if_in_container(),
+    }
     let host = preflight::check()?;
     let limits = limits::LimitStore::open(&args.state_dir)?;
     let bound = bound::Bound::open(&args.state_dir)?;

@@ -144,26 +144,15 @@ fn build_rootfs(root: &Path) {
     std::fs::copy("/bin/sh", root.join("bin/sh")).unwrap();
     let shim = Path::new(env!("CARGO_BIN_EXE_fgpu")).with_file_name("libfgpu.so");
     let sim = sim_dir();
-    let out = Command::new("ldd")
-        .arg("/bin/sh")
-        .arg(sim.join("fgpu-sim-load"))
-        .arg(sim.join("libcuda.so.1"))
-        .arg(&shim)
-        .output()
-        .expect("running ldd");
-    let text = String::from_utf8_lossy(&out.stdout);
-    for lib in text
-        .split_whitespace()
-        .filter(|w| w.starts_with('/') && w.contains(".so"))
-        .map(|w| w.trim_end_matches(':'))
-        .filter(|w| Path::new(w).is_file())
-    {
-        let dest = root.join(lib.trim_start_matches('/'));
-        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
-        if !dest.exists() {
-            std::fs::copy(lib, &dest).unwrap();
-        }
-    }
+    copy_libs(
+        root,
+        &[
+            Path::new("/bin/sh"),
+            &sim.join("fgpu-sim-load"),
+            &sim.join("libcuda.so.1"),
+            &shim,
+        ],
+    );
     std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
 }
 
@@ -305,4 +294,177 @@ pub fn info_total(line: &str) -> u64 {
         .find_map(|w| w.strip_prefix("total="))
         .and_then(|t| t.parse().ok())
         .unwrap_or_else(|| panic!("not an info line: {line}"))
+}
+
+/// `fgpu agent --sim` in a privileged podman container with the host's PID and cgroup
+/// namespaces, bpffs, tracefs and the cgroup v2 hierarchy mounted, and its two sockets'
+/// directories bind-mounted at the same paths as on the host; stopped on drop.
+pub struct PodmanAgent {
+    podman: Podman,
+    pub name: String,
+    pub socket: PathBuf,
+    pub admin: PathBuf,
+    bpf_dir: PathBuf,
+}
+
+/// The container options the agent needs (besides its mounts).
+pub const AGENT_OPTIONS: [&str; 4] = [
+    "--privileged",
+    "--pid=host",
+    "--cgroupns=host",
+    "--network=none",
+];
+
+impl PodmanAgent {
+    /// `podman run OPTIONS` of `fgpu agent --sim AGENT_ARGS` with the standard mounts (the
+    /// cgroup v2 hierarchy only if `cgroup2`).
+    pub fn command(
+        podman: &Podman,
+        name: &str,
+        options: &[&str],
+        cgroup2: bool,
+        agent_args: &[String],
+    ) -> Command {
+        let rootfs = podman.dir.join("agent-rootfs");
+        if !rootfs.exists() {
+            build_agent_rootfs(&rootfs);
+        }
+        let mut c = podman.cmd();
+        c.args(["run", "--name", name]).args(options);
+        if cgroup2 {
+            let cg2 = fgpu_testkit::cgroup2_mount();
+            c.arg("-v").arg(format!("{0}:{0}", cg2.display()));
+        }
+        for dir in ["/sys/fs/bpf", "/sys/kernel/tracing"] {
+            c.arg("-v").arg(format!("{dir}:{dir}"));
+        }
+        let sim = sim_dir();
+        c.arg("-v")
+            .arg(format!("{0}:{0}:ro", sim.display()))
+            .arg("-e")
+            .arg(format!("FGPU_SIM_DIR={}", sim.display()));
+        for d in ["agent-run", "agent-admin", "agent-state"] {
+            let dir = podman.dir.join(d);
+            std::fs::create_dir_all(&dir).unwrap();
+            c.arg("-v").arg(format!("{0}:{0}", dir.display()));
+        }
+        c.arg("--rootfs")
+            .arg(&rootfs)
+            .args(["/usr/bin/fgpu", "agent", "--sim"])
+            .args(agent_args);
+        c
+    }
+
+    /// Starts the agent container and waits (20 s) until both sockets answer.
+    pub fn start() -> Self {
+        let podman = Podman::new();
+        let name = unique("fgpu-agent-ctr");
+        let socket = podman.dir.join("agent-run/fgpu.sock");
+        let admin = podman.dir.join("agent-admin/fgpu.sock");
+        let bpf_dir = PathBuf::from("/sys/fs/bpf").join(unique("fgpu-test-ctr"));
+        let args: Vec<String> = [
+            "--host-process".to_string(),
+            std::process::id().to_string(),
+            "--socket".into(),
+            socket.display().to_string(),
+            "--admin-socket".into(),
+            admin.display().to_string(),
+            "--state-dir".into(),
+            podman.dir.join("agent-state").display().to_string(),
+            "--bpf-dir".into(),
+            bpf_dir.display().to_string(),
+        ]
+        .into();
+        let mut options = vec!["-d"];
+        options.extend(AGENT_OPTIONS);
+        let out = Self::command(&podman, &name, &options, true, &args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "podman run of the agent: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let agent = Self {
+            podman,
+            name,
+            socket,
+            admin,
+            bpf_dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::os::unix::net::UnixStream::connect(&agent.admin).is_err()
+            || std::os::unix::net::UnixStream::connect(&agent.socket).is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the agent in its container did not start:\n{}",
+                agent.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        agent
+    }
+
+    /// The agent's log (its container's output).
+    pub fn logs(&self) -> String {
+        let out = self
+            .podman
+            .cmd()
+            .args(["logs", &self.name])
+            .output()
+            .unwrap();
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }
+}
+
+impl Drop for PodmanAgent {
+    fn drop(&mut self) {
+        let _ = self
+            .podman
+            .cmd()
+            .args(["stop", "-t", "5", &self.name])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        // Unpinning detaches the probes this agent left attached.
+        let _ = std::fs::remove_dir_all(&self.bpf_dir);
+    }
+}
+
+/// The agent's root filesystem: the fgpu binary and its C libraries, from the host.
+fn build_agent_rootfs(root: &Path) {
+    for d in [
+        "usr/bin", "proc", "sys", "dev", "tmp", "etc", "run", "var/lib",
+    ] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let fgpu = Path::new(env!("CARGO_BIN_EXE_fgpu"));
+    std::fs::copy(fgpu, root.join("usr/bin/fgpu")).unwrap();
+    copy_libs(root, &[fgpu]);
+}
+
+/// Copies the C libraries `binaries` need (ldd) into `root` at the same paths.
+fn copy_libs(root: &Path, binaries: &[&Path]) {
+    let out = Command::new("ldd")
+        .args(binaries)
+        .output()
+        .expect("running ldd");
+    let text = String::from_utf8_lossy(&out.stdout);
+    for lib in text
+        .split_whitespace()
+        .filter(|w| w.starts_with('/') && w.contains(".so"))
+        .map(|w| w.trim_end_matches(':'))
+        .filter(|w| Path::new(w).is_file())
+    {
+        let dest = root.join(lib.trim_start_matches('/'));
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        if !dest.exists() {
+            std::fs::copy(lib, &dest).unwrap();
+        }
+    }
 }
