@@ -143,3 +143,62 @@ fn bad_options_say_what_is_wrong() {
     let err = run(&["--shim", "/nonexistent/libfgpu.so"]);
     assert!(err.contains("no such file"), "{err}");
 }
+
+#[test]
+fn the_hook_without_an_agent_refuses_unless_allowed_and_passes_containers_that_ask_nothing() {
+    let dir = std::env::temp_dir().join(format!("fgpu-cdi-hook-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = format!(
+        r#"{{"ociVersion":"1.0.2","id":"0123456789abcdef","status":"creating","pid":{},"bundle":"{}"}}"#,
+        std::process::id(),
+        dir.display()
+    );
+    let hook = |env: &str, extra: &[&str]| {
+        std::fs::write(
+            dir.join("config.json"),
+            format!(r#"{{"ociVersion":"1.0.2","process":{{"env":["PATH=/bin"{env}]}}}}"#),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
+            .args(["cdi", "hook", "--admin-socket"])
+            .arg(dir.join("no-agent.sock"))
+            .args(extra)
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(state.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = hook(r#","FGPU_MEMORY_LIMIT=1GiB""#, &[]);
+    assert!(!ok, "started without an agent");
+    assert!(
+        err.contains("container 0123456789ab")
+            && err.contains("refused")
+            && err.contains("not running"),
+        "{err}"
+    );
+    let (ok, err) = hook(r#","FGPU_MEMORY_LIMIT=1GiB""#, &["--allow-without-agent"]);
+    assert!(
+        ok && err.contains("warning") && err.contains("on its own"),
+        "{err}"
+    );
+    let (ok, err) = hook("", &[]);
+    assert!(ok, "a container asking for nothing needs no agent: {err}");
+    let (ok, err) = hook("", &["--default-memory", "4GiB"]);
+    assert!(
+        !ok && err.contains("memory 4GiB"),
+        "the default is a limit to hold: {err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -187,7 +187,12 @@ pub fn run(args: &HookArgs) -> Result<()> {
             short(&state.id)
         );
     };
-    let socket = crate::socket_path(args.admin_socket.clone());
+    // The admin socket only: never fall back to the containers' socket (which refuses limits).
+    let socket = args
+        .admin_socket
+        .clone()
+        .or_else(|| std::env::var_os("FGPU_ADMIN_SOCKET").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(crate::DEFAULT_ADMIN_SOCKET));
     let req = LimitSetRequest {
         target: format!("pid:{pid}"),
         limit: limit.clone(),
