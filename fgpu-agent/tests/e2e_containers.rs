@@ -120,17 +120,30 @@ pub fn two_containers(agent: &Doors) {
 
     // The host sees both, by container id.
     let (ida, idb) = (a.id(), b.id());
-    let status = agent.status();
-    let row = |id: &str| {
-        status
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["container_id"] == id)
-            .cloned()
-            .unwrap_or_else(|| panic!("no status row for container {id}: {status:#}"))
+    // The kernel's events reach the agent asynchronously: wait (3 s) for both rows to be full.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (ra, rb) = loop {
+        let status = agent.status();
+        let row = |id: &str| {
+            status
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["container_id"] == id)
+                .cloned()
+        };
+        if let (Some(ra), Some(rb)) = (row(&ida), row(&idb))
+            && ra["memory_used_bytes"] == 512 * MIB
+            && rb["memory_used_bytes"] == 6 * 256 * MIB
+        {
+            break (ra, rb);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no full status rows for containers {ida} and {idb}: {status:#}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     };
-    let (ra, rb) = (row(&ida), row(&idb));
     assert_eq!(ra["memory_limit_bytes"], GIB);
     assert_eq!(rb["memory_limit_bytes"], 2 * GIB);
     assert_eq!(ra["memory_used_bytes"], 512 * MIB);
