@@ -19,6 +19,10 @@ pub struct LimitSetRequest {
     /// A TARGET as the user wrote it (cgroup path or `pid:PID`); the agent resolves it.
     pub target: String,
     pub limit: Limit,
+    /// Remove the limit when the cgroup is removed (a container's limit, set by the CDI hook
+    /// as the container is created): no stale limit outlives its container.
+    #[serde(default)]
+    pub until_cgroup_removed: bool,
 }
 
 /// `fgpu limit get` / `fgpu limit rm`.

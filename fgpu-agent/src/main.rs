@@ -2,6 +2,7 @@
 
 mod agent;
 mod api;
+mod cdi;
 mod cli;
 mod status;
 
@@ -46,6 +47,9 @@ enum Command {
     Limit(cli::limit::LimitArgs),
     /// Run a command in a fresh cgroup with GPU limits (shim preloaded), then clean up.
     Run(cli::run::RunArgs),
+    /// Containers through CDI (docker, podman, containerd, CRI-O): write the CDI spec, and
+    /// the hook it installs.
+    Cdi(cdi::CdiArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,6 +58,7 @@ fn main() -> std::process::ExitCode {
         Command::Agent(args) => agent::run(args),
         Command::Status(args) => cli::status::run(&args),
         Command::Limit(args) => cli::limit::run(&args),
+        Command::Cdi(args) => cdi::run(&args),
         Command::Run(args) => match cli::run::run(&args) {
             Ok(code) => return code,
             Err(err) => Err(err),

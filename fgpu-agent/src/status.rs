@@ -67,6 +67,10 @@ pub struct CgroupStatus {
     /// samples, e.g. the simulated driver).
     #[serde(default)]
     pub compute_nvml_pct: Option<f64>,
+    /// The container (docker, podman, containerd, CRI-O) whose cgroup this is, or which it
+    /// is inside of: its full id, from the cgroup's name; `null` for other cgroups.
+    #[serde(default)]
+    pub container_id: Option<String>,
 }
 
 impl CgroupStatus {
@@ -92,6 +96,7 @@ impl CgroupStatus {
             compute_turn_pct: None,
             compute_corun: false,
             compute_nvml_pct: None,
+            container_id: None,
         }
     }
 }

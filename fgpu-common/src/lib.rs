@@ -7,9 +7,11 @@
 //!   and the environment.
 //! - [`event`]: the records the eBPF programs write, mirrored from `fgpu-ebpf/src/bpf/fgpu.h`.
 //! - [`cgroup`]: cgroup v2 paths from `/proc/PID/cgroup`, and Kubernetes identity in them.
+//! - [`container`]: container ids in cgroup paths (docker, podman, containerd, CRI-O).
 //! - [`proto`]: framing of the agent's unix-socket protocol.
 
 pub mod cgroup;
+pub mod container;
 pub mod event;
 pub mod ledger;
 pub mod proto;

@@ -9,3 +9,6 @@ pub mod request;
 
 #[path = "../../fgpu-agent/src/agent/targets.rs"]
 pub mod targets;
+
+#[path = "../../fgpu-agent/src/agent/containers.rs"]
+pub mod containers;

@@ -5,7 +5,7 @@
 //! control requests only to callers on the host (the agent's PID, mount and user namespaces)
 //! who are root or in `--socket-group`. Every limit change is logged with who made it.
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use fgpu_common::proto::{Frame, Kind};
 use fgpu_common::quantity::Size;
@@ -159,6 +159,11 @@ fn entry(state: &State, cgroup: &str) -> LimitEntry {
 fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Frame> {
     validate(state, &req.limit)?;
     let cgroup = targets::resolve(&req.target, &state.cgroup2_mount)?;
+    if req.until_cgroup_removed {
+        let id = super::enforce::cgroup_id(&state.cgroup2_mount, &cgroup)
+            .with_context(|| format!("cgroup {cgroup} is gone"))?;
+        state.bound.lock().expect("bound lock").bind(&cgroup, id)?;
+    }
     state
         .limits
         .lock()
@@ -169,6 +174,7 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
     tracing::info!(
         cgroup,
         limit = ?req.limit,
+        until_cgroup_removed = req.until_cgroup_removed,
         door = caller.door.name(),
         uid = caller.peer.uid,
         pid = caller.peer.pid,

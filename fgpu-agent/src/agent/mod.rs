@@ -5,15 +5,18 @@
 //! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
 
 mod backstop;
+mod bound;
 mod budget;
 mod cgroups;
 mod compute;
+mod containers;
 mod control;
 mod discovery;
 mod doors;
 mod enforce;
 mod events;
 mod gpus;
+mod hostns;
 mod kernel;
 mod ledgers;
 mod limits;
@@ -97,6 +100,14 @@ pub struct AgentArgs {
     /// Log filter (tracing's EnvFilter syntax), e.g. `info`, `debug`, `fgpu=debug`.
     #[arg(long, value_name = "FILTER", default_value = "info", env = "FGPU_LOG")]
     log: String,
+
+    /// When the agent runs in a container (privileged, --pid=host, --cgroupns=host): a process
+    /// on the host, e.g. 1. The admin socket then serves callers in its PID, mount and user
+    /// namespaces (the host's fgpu, the CDI hook) instead of the agent's own; the agent first
+    /// checks that it shares the host's PID, cgroup and user namespaces and says which
+    /// container option is missing if not. docs/containers.md.
+    #[arg(long, value_name = "PID")]
+    host_process: Option<u32>,
 }
 
 pub fn run(args: AgentArgs) -> Result<()> {
@@ -107,8 +118,13 @@ pub fn run(args: AgentArgs) -> Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     server::check_paths(&args.admin_socket, &args.socket)?;
+    match args.host_process {
+        Some(pid) => hostns::adopt(pid)?,
+        None => hostns::warn_if_in_container(),
+    }
     let host = preflight::check()?;
     let limits = limits::LimitStore::open(&args.state_dir)?;
+    let bound = bound::Bound::open(&args.state_dir)?;
     let access = control::Access {
         group_gid: args.socket_group.as_deref().map(group_id).transpose()?,
         group_name: args.socket_group.clone(),
@@ -159,6 +175,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         cgroup2_mount: host.cgroup2_mount.clone(),
         kernel: Mutex::new(kernel),
         limits: Mutex::new(limits),
+        bound: Mutex::new(bound),
         gpus,
         access,
         ledgers: ledgers::Ledgers::default(),
@@ -219,6 +236,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
             Arc::clone(&state),
         );
         let enforce_task = tokio::spawn(enforce::run(Arc::clone(&state)));
+        let bound_task = tokio::spawn(bound::run(Arc::clone(&state)));
         let served = tokio::select! {
             () = serve_containers => Ok(()),
             () = serve_admin => Ok(()),
@@ -227,6 +245,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         events_task.abort();
         publisher_task.abort();
         enforce_task.abort();
+        bound_task.abort();
         served
     });
     let _ = std::fs::remove_file(&args.socket);

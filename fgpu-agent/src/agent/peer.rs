@@ -149,9 +149,12 @@ fn cgroup_of(pidfd: &OwnedFd, pid: u32) -> Option<String> {
 /// A namespace's identity: the (device, inode) of its nsfs file.
 type NsId = (u64, u64);
 
-/// The agent's own namespaces, read once.
+/// The agent's own namespaces, read once; in a container, the host's ([`super::hostns`]).
 fn own_namespaces() -> &'static [Option<NsId>; 3] {
     static OWN: OnceLock<[Option<NsId>; 3]> = OnceLock::new();
+    if let Some(host) = super::hostns::host() {
+        return host;
+    }
     OWN.get_or_init(|| {
         ["pid", "mnt", "user"].map(|ns| {
             std::fs::metadata(format!("/proc/self/ns/{ns}"))

@@ -22,6 +22,8 @@ pub struct State {
     pub cgroup2_mount: PathBuf,
     pub kernel: Mutex<KernelMaps>,
     pub limits: Mutex<LimitStore>,
+    /// Limits removed with their cgroup (containers' limits from the CDI hook).
+    pub bound: Mutex<super::bound::Bound>,
     pub gpus: Gpus,
     pub access: Access,
     pub ledgers: Ledgers,
@@ -76,6 +78,7 @@ impl State {
         let nvml = nvml_by_cgroup(&self.gpus);
         for row in &mut report.cgroups {
             row.compute_nvml_pct = nvml.get(&row.cgroup).map(|p| (p * 10.0).round() / 10.0);
+            row.container_id = fgpu_common::container::container_of(&row.cgroup).map(|c| c.id);
             let (effective, from) = limits.effective(&row.cgroup);
             row.compute_share_pct = effective.compute_pct;
             row.compute_cap_pct = effective.compute_cap_pct;

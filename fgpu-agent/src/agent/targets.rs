@@ -2,7 +2,8 @@
 //!
 //! Forms: a path under the cgroup mount (`/sys/fs/cgroup/kubepods.slice/...`), a path in
 //! the form of `/proc/PID/cgroup` (`/kubepods.slice/...`), a relative path
-//! (`kubepods.slice/...`), or `pid:PID` (that process's cgroup, as the host sees it).
+//! (`kubepods.slice/...`), `pid:PID` (that process's cgroup, as the host sees it), or
+//! `container:ID` (a container's cgroup, see [`super::containers`]).
 
 use std::path::{Component, Path};
 
@@ -24,8 +25,11 @@ pub fn resolve(target: &str, mount: &Path) -> Result<String> {
             .with_context(|| format!("'{target}': the process is in no cgroup v2"))?;
         return Ok(path.to_string());
     }
+    if let Some(id) = target.strip_prefix("container:") {
+        return super::containers::resolve(target, id, mount);
+    }
     if let Some((kind, _)) = target.split_once(':')
-        && matches!(kind, "pod" | "container")
+        && kind == "pod"
     {
         bail!("'{target}': {kind}: targets are not supported yet; give the cgroup path");
     }

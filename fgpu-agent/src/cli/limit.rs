@@ -12,7 +12,8 @@ use fgpu_common::quantity::{Size, parse_percent, parse_size};
 use crate::api::{Limit, LimitEntry, LimitSetRequest, TargetRequest};
 
 const TARGET_HELP: &str = "A cgroup v2 path (/sys/fs/cgroup/..., /kubepods.slice/..., or \
-                           relative to the cgroup root) or pid:PID (that process's cgroup)";
+                           relative to the cgroup root), pid:PID (that process's cgroup) or container:ID (a docker, podman, \
+                           containerd or CRI-O container's cgroup, by id or unique prefix)";
 
 #[derive(Debug, Args)]
 pub struct LimitArgs {
@@ -93,6 +94,7 @@ pub fn run(args: &LimitArgs) -> Result<()> {
                     compute_pct: *compute,
                     compute_cap_pct: *compute_cap,
                 },
+                until_cgroup_removed: false,
             };
             let entry: LimitEntry = parse(&ask(Kind::LimitSet, serde_json::to_vec(&req)?)?)?;
             print!("{}", table(&[entry]));

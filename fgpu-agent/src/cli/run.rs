@@ -166,6 +166,7 @@ fn set_limit(socket: &Path, cgroup: &str, limit: &Limit) -> bool {
     let req = LimitSetRequest {
         target: cgroup.to_string(),
         limit: limit.clone(),
+        until_cgroup_removed: false,
     };
     let body = Bytes::from(serde_json::to_vec(&req).unwrap_or_default());
     match super::client::request(socket, Kind::LimitSet, body, Kind::LimitReply) {

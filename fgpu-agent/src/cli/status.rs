@@ -17,7 +17,7 @@ pub struct StatusArgs {
     /// memory_used_bytes, memory_limit_bytes, alloc_denied, over_limit_actions, devices,
     /// compute_share_pct, compute_cap_pct, compute_turn_pct (device time held in turns: what a
     /// share is a share of), compute_corun, compute_used_pct (measured GPU time),
-    /// compute_nvml_pct).
+    /// compute_nvml_pct, container_id: the container whose cgroup it is).
     #[arg(long)]
     json: bool,
 
@@ -67,8 +67,8 @@ pub fn table(report: &StatusReport) -> String {
         .unwrap_or(6);
     let _ = writeln!(
         out,
-        "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  LIMIT-FROM",
-        "CGROUP", "PIDS", "USED", "LIMIT", "DENIED", "COMPUTE", "TURNS", "GPU-TIME"
+        "{:<width$}  {:<12}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  LIMIT-FROM",
+        "CGROUP", "CONTAINER", "PIDS", "USED", "LIMIT", "DENIED", "COMPUTE", "TURNS", "GPU-TIME"
     );
     for c in &report.cgroups {
         let pids = if c.pids.is_empty() {
@@ -106,8 +106,11 @@ pub fn table(report: &StatusReport) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<width$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  {from}",
+            "{:<width$}  {:<12}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  {from}",
             c.cgroup,
+            c.container_id
+                .as_deref()
+                .map_or("-", |id| &id[..id.len().min(12)]),
             pids,
             Size(c.memory_used_bytes).to_string(),
             limit,

@@ -1,0 +1,340 @@
+//! `fgpu cdi hook`: the OCI `createRuntime` hook of fgpu's CDI spec. The runtime (runc,
+//! crun) runs it on the host after it has made the container's cgroup and namespaces and
+//! before the container's program starts, with the container's state on stdin
+//! (`{"ociVersion", "id", "status", "pid", "bundle", ...}`).
+//!
+//! It reads the container's `config.json` in the bundle, takes the limits the container asks
+//! for from its environment (`FGPU_MEMORY_LIMIT`, `GPU_MEM_LIMIT_GB`, `FGPU_COMPUTE_SHARE`),
+//! applies the operator's policy (`--default-memory`, `--max-memory`), and registers them
+//! with the agent, over the admin socket, on the container's cgroup (the cgroup of the
+//! state's `pid`), bound to the cgroup's life: the agent removes the limit when the cgroup
+//! goes. From then on the limit is held by the agent (and the kernel backstop), not by the
+//! environment: unsetting the variable or the preload inside the container does not raise it.
+//!
+//! The environment is the container's, so untrusted: a value that is not a valid limit, or
+//! one above `--max-memory`, refuses the container (the hook fails, so the runtime does not
+//! start it) with a message that says why. A container that asks for nothing gets
+//! `--default-memory` when the operator set one, and otherwise no limit of its own.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use clap::Args;
+use fgpu_common::proto::Kind;
+use fgpu_common::quantity::{Size, parse_percent, parse_size};
+use serde::Deserialize;
+
+use crate::api::{Limit, LimitEntry, LimitSetRequest};
+
+/// The most read of the state (stdin) and of config.json.
+const MAX_STATE: u64 = 1 << 20;
+const MAX_CONFIG: u64 = 16 << 20;
+
+#[derive(Debug, Args)]
+pub struct HookArgs {
+    /// The agent's admin socket [default: $FGPU_ADMIN_SOCKET, else /run/fgpu-admin/fgpu.sock].
+    #[arg(long, value_name = "PATH")]
+    pub admin_socket: Option<PathBuf>,
+    /// Memory limit for containers that ask for none (no FGPU_MEMORY_LIMIT nor
+    /// GPU_MEM_LIMIT_GB), e.g. 8GiB.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub default_memory: Option<u64>,
+    /// Refuse containers that ask for more than this, e.g. 40GiB.
+    #[arg(long, value_name = "SIZE", value_parser = size)]
+    pub max_memory: Option<u64>,
+    /// Start the container when the agent cannot be reached (its shim then enforces the
+    /// environment's limit on its own, with a warning) instead of refusing it.
+    #[arg(long)]
+    pub allow_without_agent: bool,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+/// The part of the OCI state the hook reads.
+#[derive(Debug, Deserialize)]
+pub struct State {
+    pub id: String,
+    pub pid: Option<i64>,
+    pub bundle: PathBuf,
+}
+
+/// The part of config.json the hook reads.
+#[derive(Debug, Default, Deserialize)]
+pub struct Config {
+    #[serde(default)]
+    pub process: Option<Process>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Process {
+    #[serde(default)]
+    pub env: Vec<String>,
+}
+
+/// The first value of `name` in an environment list, as getenv(3) in the container sees it.
+fn getenv<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
+    env.iter()
+        .find_map(|e| e.strip_prefix(name).and_then(|rest| rest.strip_prefix('=')))
+}
+
+/// The limit a container's environment asks for, under the operator's policy.
+pub fn limit_from_env(env: &[String], args: &HookArgs) -> Result<Limit> {
+    let mut memory: Option<(u64, &str)> = None;
+    if let Some(v) = getenv(env, "FGPU_MEMORY_LIMIT").filter(|v| !v.trim().is_empty()) {
+        if v.contains(':') || v.contains(',') {
+            bail!(
+                "FGPU_MEMORY_LIMIT={v}: per-device lists are not taken at container creation; \
+                 give one SIZE for the container (e.g. 8GiB)"
+            );
+        }
+        let b = parse_size(v).map_err(|e| anyhow::anyhow!("FGPU_MEMORY_LIMIT={v}: {e}"))?;
+        memory = Some((b, "FGPU_MEMORY_LIMIT"));
+    }
+    if let Some(v) = getenv(env, "GPU_MEM_LIMIT_GB").filter(|v| !v.trim().is_empty()) {
+        let t = v.trim();
+        if !t.bytes().all(|c| c.is_ascii_digit() || c == b'.') {
+            bail!("GPU_MEM_LIMIT_GB={v}: not a number of GiB (expected e.g. 8 or 7.5)");
+        }
+        let b = parse_size(&format!("{t}GiB"))
+            .map_err(|e| anyhow::anyhow!("GPU_MEM_LIMIT_GB={v}: {e}"))?;
+        if memory.is_none_or(|(m, _)| b < m) {
+            memory = Some((b, "GPU_MEM_LIMIT_GB"));
+        }
+    }
+    let memory_bytes = match memory {
+        Some((0, from)) => bail!("{from}: a limit of 0 bytes would refuse every allocation"),
+        Some((b, from)) => {
+            if let Some(max) = args.max_memory
+                && b > max
+            {
+                bail!(
+                    "{from} asks for {}, above this node's maximum per container ({}, the \
+                     hook's --max-memory)",
+                    Size(b),
+                    Size(max)
+                );
+            }
+            Some(b)
+        }
+        None => args.default_memory,
+    };
+    let compute_pct = match getenv(env, "FGPU_COMPUTE_SHARE").filter(|v| !v.trim().is_empty()) {
+        Some(v) => {
+            let p = parse_percent(v).map_err(|e| anyhow::anyhow!("FGPU_COMPUTE_SHARE={v}: {e}"))?;
+            if !(1..=100).contains(&p) {
+                bail!("FGPU_COMPUTE_SHARE={v}: give 1-100%");
+            }
+            Some(p)
+        }
+        None => None,
+    };
+    Ok(Limit {
+        memory_bytes,
+        compute_pct,
+        compute_cap_pct: None,
+    })
+}
+
+fn read_bounded(mut r: impl Read, max: u64, what: &str) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    r.by_ref()
+        .take(max + 1)
+        .read_to_end(&mut buf)
+        .with_context(|| format!("reading {what}"))?;
+    if buf.len() as u64 > max {
+        bail!("{what} is larger than {}", Size(max));
+    }
+    Ok(buf)
+}
+
+/// Reads the state from `stdin` and the bundle's config.json: (state, limit).
+pub fn read(stdin: impl Read, args: &HookArgs) -> Result<(State, Limit)> {
+    let raw = read_bounded(stdin, MAX_STATE, "the OCI state on stdin")?;
+    let state: State = serde_json::from_slice(&raw)
+        .context("the OCI state on stdin is not valid (this command is run by the container runtime as a createRuntime hook)")?;
+    let path = state.bundle.join("config.json");
+    let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let config: Config = serde_json::from_slice(&read_bounded(
+        file,
+        MAX_CONFIG,
+        &path.display().to_string(),
+    )?)
+    .with_context(|| format!("{} is not a valid OCI config", path.display()))?;
+    let env = config.process.map(|p| p.env).unwrap_or_default();
+    let limit = limit_from_env(&env, args)
+        .with_context(|| format!("container {}: refused", short(&state.id)))?;
+    Ok((state, limit))
+}
+
+fn short(id: &str) -> &str {
+    let end = id.char_indices().nth(12).map_or(id.len(), |(i, _)| i);
+    &id[..end]
+}
+
+pub fn run(args: &HookArgs) -> Result<()> {
+    let (state, limit) = read(std::io::stdin().lock(), args)?;
+    if limit == Limit::default() {
+        return Ok(()); // asks for nothing, and no default: nothing to hold
+    }
+    let Some(pid) = state.pid.filter(|p| *p > 0) else {
+        bail!(
+            "container {}: the OCI state has no pid (run this hook as createRuntime, when the \
+             container's process exists)",
+            short(&state.id)
+        );
+    };
+    // The admin socket only: never fall back to the containers' socket (which refuses limits).
+    let socket = args
+        .admin_socket
+        .clone()
+        .or_else(|| std::env::var_os("FGPU_ADMIN_SOCKET").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from(crate::DEFAULT_ADMIN_SOCKET));
+    let req = LimitSetRequest {
+        target: format!("pid:{pid}"),
+        limit: limit.clone(),
+        until_cgroup_removed: true,
+    };
+    let body = Bytes::from(serde_json::to_vec(&req)?);
+    match crate::cli::client::request(&socket, Kind::LimitSet, body, Kind::LimitReply) {
+        Ok(reply) => {
+            let entry: LimitEntry =
+                serde_json::from_slice(&reply).context("the agent's reply is not valid")?;
+            eprintln!(
+                "fgpu: container {}: limit held by the agent on {}: {}",
+                short(&state.id),
+                entry.cgroup,
+                describe(&limit)
+            );
+            Ok(())
+        }
+        Err(err) if args.allow_without_agent && is_unreachable(&err, &socket) => {
+            eprintln!(
+                "fgpu: warning: container {}: the agent is not reachable ({err:#}); starting \
+                 it anyway: its shim enforces the environment's limit on its own",
+                short(&state.id)
+            );
+            Ok(())
+        }
+        Err(err) => Err(err.context(format!(
+            "container {}: cannot register its GPU limit ({}) with the agent; the container \
+             is refused",
+            short(&state.id),
+            describe(&limit)
+        ))),
+    }
+}
+
+fn is_unreachable(err: &anyhow::Error, socket: &Path) -> bool {
+    err.to_string().contains("agent is not running") || !socket.exists()
+}
+
+fn describe(l: &Limit) -> String {
+    let mut parts = Vec::new();
+    if let Some(m) = l.memory_bytes {
+        parts.push(format!("memory {}", Size(m)));
+    }
+    if let Some(c) = l.compute_pct {
+        parts.push(format!("compute {c}%"));
+    }
+    parts.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> HookArgs {
+        HookArgs {
+            admin_socket: None,
+            default_memory: None,
+            max_memory: Some(40 << 30),
+            allow_without_agent: false,
+        }
+    }
+
+    fn env(vars: &[&str]) -> Vec<String> {
+        vars.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn limits_from_the_environment() {
+        let l = limit_from_env(&env(&["PATH=/bin", "FGPU_MEMORY_LIMIT=1GiB"]), &args()).unwrap();
+        assert_eq!(l.memory_bytes, Some(1 << 30));
+        let l = limit_from_env(&env(&["GPU_MEM_LIMIT_GB=2.5"]), &args()).unwrap();
+        assert_eq!(l.memory_bytes, Some(5 << 29));
+        let both = env(&["FGPU_MEMORY_LIMIT=8GiB", "GPU_MEM_LIMIT_GB=4"]);
+        assert_eq!(
+            limit_from_env(&both, &args()).unwrap().memory_bytes,
+            Some(4 << 30)
+        );
+        let first = env(&["FGPU_MEMORY_LIMIT=1GiB", "FGPU_MEMORY_LIMIT=30GiB"]);
+        assert_eq!(
+            limit_from_env(&first, &args()).unwrap().memory_bytes,
+            Some(1 << 30),
+            "the first, as getenv in the container sees it"
+        );
+        let l = limit_from_env(&env(&["FGPU_COMPUTE_SHARE=30%"]), &args()).unwrap();
+        assert_eq!((l.memory_bytes, l.compute_pct), (None, Some(30)));
+        assert_eq!(
+            limit_from_env(&env(&["FGPU_MEMORY_LIMIT="]), &args()).unwrap(),
+            Limit::default()
+        );
+        let mut a = args();
+        a.default_memory = Some(8 << 30);
+        assert_eq!(limit_from_env(&[], &a).unwrap().memory_bytes, Some(8 << 30));
+    }
+
+    #[test]
+    fn hostile_values_are_refused_with_a_reason() {
+        for (var, needle) in [
+            ("FGPU_MEMORY_LIMIT=lots", "FGPU_MEMORY_LIMIT=lots"),
+            ("FGPU_MEMORY_LIMIT=0", "0 bytes"),
+            ("FGPU_MEMORY_LIMIT=-1GiB", "FGPU_MEMORY_LIMIT=-1GiB"),
+            (
+                "FGPU_MEMORY_LIMIT=99999999999999999999999",
+                "FGPU_MEMORY_LIMIT=",
+            ),
+            ("FGPU_MEMORY_LIMIT=0:1GiB,1:2GiB", "per-device"),
+            ("FGPU_MEMORY_LIMIT=41GiB", "above this node's maximum"),
+            ("GPU_MEM_LIMIT_GB=1e9", "not a number of GiB"),
+            ("GPU_MEM_LIMIT_GB=100", "above this node's maximum"),
+            ("FGPU_COMPUTE_SHARE=250%", "FGPU_COMPUTE_SHARE"),
+            ("FGPU_COMPUTE_SHARE=0", "1-100%"),
+        ] {
+            let err = limit_from_env(&env(&[var]), &args())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{var}: {err}");
+        }
+    }
+
+    #[test]
+    fn state_and_config_are_read_bounded() {
+        let dir = std::env::temp_dir().join(format!("fgpu-hook-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("config.json"),
+            br#"{"ociVersion":"1.0.2","process":{"env":["FGPU_MEMORY_LIMIT=2GiB"]}}"#,
+        )
+        .unwrap();
+        let state = format!(
+            r#"{{"ociVersion":"1.0.2","id":"abcdef0123456789","status":"creating","pid":42,"bundle":"{}"}}"#,
+            dir.display()
+        );
+        let (s, l) = read(state.as_bytes(), &args()).unwrap();
+        assert_eq!((s.pid, l.memory_bytes), (Some(42), Some(2 << 30)));
+        let err = read(&b"not json"[..], &args()).unwrap_err().to_string();
+        assert!(err.contains("OCI state"), "{err}");
+        let huge = vec![b' '; (MAX_STATE + 10) as usize];
+        let err = format!("{:#}", read(&huge[..], &args()).unwrap_err());
+        assert!(err.contains("larger than"), "{err}");
+        std::fs::write(dir.join("config.json"), b"[1,2").unwrap();
+        let err = format!("{:#}", read(state.as_bytes(), &args()).unwrap_err());
+        assert!(err.contains("not a valid OCI config"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
