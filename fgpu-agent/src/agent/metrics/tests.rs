@@ -164,7 +164,7 @@ fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
     match v {
         serde_json::Value::Object(m) => {
             for (k, v) in m {
-                if (k == "expr" || k == "query") && v.is_string() {
+                if (k == "expr" || k == "definition") && v.is_string() {
                     out.push(v.as_str().unwrap_or_default().to_string());
                 } else {
                     collect_exprs(v, out);
