@@ -46,6 +46,8 @@ enum Command {
     Limit(cli::limit::LimitArgs),
     /// Run a command in a fresh cgroup with GPU limits (shim preloaded), then clean up.
     Run(cli::run::RunArgs),
+    /// A live view of the containers using the GPUs: memory against limits, compute shares, denials.
+    Top(cli::top::TopArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -54,6 +56,7 @@ fn main() -> std::process::ExitCode {
         Command::Agent(args) => agent::run(args),
         Command::Status(args) => cli::status::run(&args),
         Command::Limit(args) => cli::limit::run(&args),
+        Command::Top(args) => cli::top::run(&args),
         Command::Run(args) => match cli::run::run(&args) {
             Ok(code) => return code,
             Err(err) => Err(err),

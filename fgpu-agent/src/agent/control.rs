@@ -167,6 +167,7 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
     state.backstop.limits_changed();
     state.apply_limits();
     tracing::info!(
+        event = "limit_set",
         cgroup,
         limit = ?req.limit,
         door = caller.door.name(),
@@ -220,6 +221,7 @@ fn limit_remove(state: &State, caller: &Caller, req: &TargetRequest) -> Result<F
         bail!("{cgroup} has no limit of its own (see `fgpu limit get {cgroup}`)");
     }
     tracing::info!(
+        event = "limit_removed",
         cgroup,
         door = caller.door.name(),
         uid = caller.peer.uid,

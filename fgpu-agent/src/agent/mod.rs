@@ -18,7 +18,7 @@ mod kernel;
 mod ledgers;
 mod limits;
 mod logging;
-mod metrics;
+pub(crate) mod metrics;
 mod peer;
 mod pins;
 mod preflight;

@@ -377,7 +377,7 @@ impl SampleCollector {
         )?;
         for g in &self.0.gpus {
             let mut l = self.gpu(g.index);
-            l.push(("modelName", labels::value(&g.name)));
+            l.push(("model_name", labels::value(&g.name)));
             l.extend(self.host());
             info.encode_info(&l)?;
         }

@@ -83,7 +83,7 @@ fn a_cgroup_has_its_figures_with_dcgm_and_container_labels() {
         r#"fgpu_probed_libraries{Hostname="node-1"} 1.0"#.to_string(),
         r#"fgpu_untracked_allocations_total{Hostname="node-1",reason="map_full"} 0.0"#.to_string(),
         format!(
-            r#"fgpu_gpu_info{{gpu="0",UUID="GPU-00000000-1111-2222-3333-444444444444",modelName="Simulated H200",Hostname="node-1"}} 1"#
+            r#"fgpu_gpu_info{{gpu="0",UUID="GPU-00000000-1111-2222-3333-444444444444",model_name="Simulated H200",Hostname="node-1"}} 1"#
         ),
     ] {
         assert!(series(&text).contains(&want.as_str()), "missing {want} in\n{text}");
