@@ -65,20 +65,50 @@ fn compare(status: &Value, detail: &Value, m: &[Series]) -> Result<(), String> {
     let mut in_status: Vec<&str> = rows.iter().map(|r| r["cgroup"].as_str().unwrap()).collect();
     in_status.sort_unstable();
     if in_metrics != in_status {
-        return Err(format!("cgroups: metrics {in_metrics:?}, status {in_status:?}"));
+        return Err(format!(
+            "cgroups: metrics {in_metrics:?}, status {in_status:?}"
+        ));
     }
     for r in rows {
         let cg = r["cgroup"].as_str().unwrap();
         let at = [("cgroup", cg)];
         let get = |name: &str| find(m, name, &at).first().map(|s| s.value);
         let checks: [(&str, Option<f64>, Option<f64>); 7] = [
-            ("fgpu_cgroup_memory_subtree_bytes", get("fgpu_cgroup_memory_subtree_bytes"), r["memory_subtree_bytes"].as_f64()),
-            ("fgpu_cgroup_memory_limit_bytes", get("fgpu_cgroup_memory_limit_bytes"), r["memory_limit_bytes"].as_f64()),
-            ("fgpu_cgroup_alloc_denied_total", get("fgpu_cgroup_alloc_denied_total"), r["alloc_denied"].as_f64()),
-            ("fgpu_cgroup_backstop_actions_total", get("fgpu_cgroup_backstop_actions_total"), r["over_limit_actions"].as_f64()),
-            ("fgpu_cgroup_kernel_kills_total", get("fgpu_cgroup_kernel_kills_total"), r["kernel_kills"].as_f64()),
-            ("fgpu_cgroup_processes", get("fgpu_cgroup_processes"), Some(r["pids"].as_array().unwrap().len() as f64)),
-            ("fgpu_cgroup_compute_share_ratio", get("fgpu_cgroup_compute_share_ratio"), r["compute_share_pct"].as_f64().map(|p| p / 100.0)),
+            (
+                "fgpu_cgroup_memory_subtree_bytes",
+                get("fgpu_cgroup_memory_subtree_bytes"),
+                r["memory_subtree_bytes"].as_f64(),
+            ),
+            (
+                "fgpu_cgroup_memory_limit_bytes",
+                get("fgpu_cgroup_memory_limit_bytes"),
+                r["memory_limit_bytes"].as_f64(),
+            ),
+            (
+                "fgpu_cgroup_alloc_denied_total",
+                get("fgpu_cgroup_alloc_denied_total"),
+                r["alloc_denied"].as_f64(),
+            ),
+            (
+                "fgpu_cgroup_backstop_actions_total",
+                get("fgpu_cgroup_backstop_actions_total"),
+                r["over_limit_actions"].as_f64(),
+            ),
+            (
+                "fgpu_cgroup_kernel_kills_total",
+                get("fgpu_cgroup_kernel_kills_total"),
+                r["kernel_kills"].as_f64(),
+            ),
+            (
+                "fgpu_cgroup_processes",
+                get("fgpu_cgroup_processes"),
+                Some(r["pids"].as_array().unwrap().len() as f64),
+            ),
+            (
+                "fgpu_cgroup_compute_share_ratio",
+                get("fgpu_cgroup_compute_share_ratio"),
+                r["compute_share_pct"].as_f64().map(|p| p / 100.0),
+            ),
         ];
         for (name, metric, want) in checks {
             if metric != want {
@@ -88,11 +118,19 @@ fn compare(status: &Value, detail: &Value, m: &[Series]) -> Result<(), String> {
         let devices = r["devices"].as_array().unwrap();
         let used = find(m, "fgpu_cgroup_memory_used_bytes", &at);
         if used.len() != devices.len() {
-            return Err(format!("{cg}: {} device series, {} devices", used.len(), devices.len()));
+            return Err(format!(
+                "{cg}: {} device series, {} devices",
+                used.len(),
+                devices.len()
+            ));
         }
         for d in devices {
             let gpu = d["device"].to_string();
-            let v = find(m, "fgpu_cgroup_memory_used_bytes", &[("cgroup", cg), ("gpu", &gpu)]);
+            let v = find(
+                m,
+                "fgpu_cgroup_memory_used_bytes",
+                &[("cgroup", cg), ("gpu", &gpu)],
+            );
             if v.len() != 1 || Some(v[0].value) != d["memory_used_bytes"].as_f64() {
                 return Err(format!("{cg} gpu {gpu}: metrics {v:?}, status {d}"));
             }
@@ -126,7 +164,15 @@ fn privileged_metrics_agree_with_status_pass_promtool_and_follow_cgroups() {
     let state = SimState::new();
     let a = Cgroup::new(&unique("fgpu-e2e-metrics-a"));
     let b = Cgroup::new(&unique("fgpu-e2e-metrics-b"));
-    ok(&agent.cli(&["limit", "set", &a.path, "--memory", "1GiB", "--compute", "40"]));
+    ok(&agent.cli(&[
+        "limit",
+        "set",
+        &a.path,
+        "--memory",
+        "1GiB",
+        "--compute",
+        "40",
+    ]));
     ok(&agent.cli(&["limit", "set", &b.path, "--memory", "2GiB"]));
     // 300 MiB of context overhead each: 2 x 256 MiB fit in 1 GiB, 6 in 2 GiB.
     let load_a = limited_load(&agent, &state, &a, 2);
@@ -159,13 +205,41 @@ fn privileged_metrics_agree_with_status_pass_promtool_and_follow_cgroups() {
     };
     let uuid_of_gpu0 = find(&series, "fgpu_gpu_info", &[("gpu", "0")])[0].labels["UUID"].clone();
     assert!(uuid_of_gpu0.starts_with("GPU-"), "{text}");
-    let row_a = &find(&series, "fgpu_cgroup_memory_used_bytes", &[("cgroup", &a.path)])[0];
-    assert_eq!(row_a.labels["UUID"], uuid_of_gpu0, "DCGM's labels on the cgroup series");
+    let row_a = &find(
+        &series,
+        "fgpu_cgroup_memory_used_bytes",
+        &[("cgroup", &a.path)],
+    )[0];
+    assert_eq!(
+        row_a.labels["UUID"], uuid_of_gpu0,
+        "DCGM's labels on the cgroup series"
+    );
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     assert_eq!(row_a.labels["Hostname"], host.trim());
-    assert_eq!(one(&series, "fgpu_cgroup_alloc_denied_total", &[("cgroup", &a.path)]), 2.0);
-    assert_eq!(one(&series, "fgpu_cgroup_compute_share_ratio", &[("cgroup", &a.path)]), 0.4);
-    assert!(find(&series, "fgpu_cgroup_compute_share_ratio", &[("cgroup", &b.path)]).is_empty());
+    assert_eq!(
+        one(
+            &series,
+            "fgpu_cgroup_alloc_denied_total",
+            &[("cgroup", &a.path)]
+        ),
+        2.0
+    );
+    assert_eq!(
+        one(
+            &series,
+            "fgpu_cgroup_compute_share_ratio",
+            &[("cgroup", &a.path)]
+        ),
+        0.4
+    );
+    assert!(
+        find(
+            &series,
+            "fgpu_cgroup_compute_share_ratio",
+            &[("cgroup", &b.path)]
+        )
+        .is_empty()
+    );
     assert!(one(&series, "fgpu_ledgers", &[]) >= 2.0, "{text}");
     assert_eq!(one(&series, "fgpu_shims_connected", &[]), 2.0, "{text}");
     assert_eq!(one(&series, "fgpu_agent_ready", &[]), 1.0);
@@ -181,7 +255,12 @@ fn privileged_metrics_agree_with_status_pass_promtool_and_follow_cgroups() {
     let deadline = Instant::now() + Duration::from_secs(10);
     let t0 = loop {
         let s = agent.status();
-        if !s.as_array().unwrap().iter().any(|r| r["cgroup"] == b_path.as_str()) {
+        if !s
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["cgroup"] == b_path.as_str())
+        {
             break Instant::now();
         }
         assert!(Instant::now() < deadline, "b never left the status");
@@ -209,7 +288,9 @@ fn privileged_metrics_agree_with_status_pass_promtool_and_follow_cgroups() {
     let events: Vec<Value> = agent
         .log_text()
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {l}")))
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON log line ({e}): {l}"))
+        })
         .collect();
     let event = |kind: &str, cg: &str| {
         events
@@ -221,10 +302,17 @@ fn privileged_metrics_agree_with_status_pass_promtool_and_follow_cgroups() {
     assert_eq!(set["level"], "INFO", "{set}");
     let denied = event("alloc_denied", &a.path).expect("an alloc_denied event");
     assert_eq!(denied["fields"]["limit_bytes"], 1u64 << 30, "{denied}");
-    assert!(denied["fields"]["denied_total"].as_u64().is_some_and(|n| (1..=2).contains(&n)), "{denied}");
+    assert!(
+        denied["fields"]["denied_total"]
+            .as_u64()
+            .is_some_and(|n| (1..=2).contains(&n)),
+        "{denied}"
+    );
     let total: u64 = events
         .iter()
-        .filter(|e| e["fields"]["event"] == "alloc_denied" && e["fields"]["cgroup"] == a.path.as_str())
+        .filter(|e| {
+            e["fields"]["event"] == "alloc_denied" && e["fields"]["cgroup"] == a.path.as_str()
+        })
         .map(|e| e["fields"]["denied"].as_u64().unwrap())
         .sum();
     assert_eq!(total, 2, "every denial is in exactly one event line");
@@ -263,7 +351,13 @@ fn privileged_readyz_is_not_ready_before_the_probes_attach_and_the_listener_is_b
     let log = dir.join("agent.log");
     let bpf = std::path::Path::new("/sys/fs/bpf").join(&name);
     let child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
-        .args(["agent", "--sim", "--metrics", "127.0.0.1:0", "--admin-socket"])
+        .args([
+            "agent",
+            "--sim",
+            "--metrics",
+            "127.0.0.1:0",
+            "--admin-socket",
+        ])
         .arg(dir.join("admin/fgpu.sock"))
         .arg("--socket")
         .arg(dir.join("containers/fgpu.sock"))
@@ -309,7 +403,11 @@ fn privileged_readyz_is_not_ready_before_the_probes_attach_and_the_listener_is_b
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(ready.body, "ready\n");
-    assert!(text().contains("attached library"), "ready before the probes attached:\n{}", text());
+    assert!(
+        text().contains("attached library"),
+        "ready before the probes attached:\n{}",
+        text()
+    );
     assert_eq!(get(&addr, "/healthz").body, "ok\n");
 
     // Misbehaving clients: other routes and methods, a head too large, a client that never
@@ -343,7 +441,8 @@ fn privileged_readyz_is_not_ready_before_the_probes_attach_and_the_listener_is_b
         let mut buf = [0u8; 1];
         let r = s.read(&mut buf);
         if matches!(&r, Ok(0))
-            || r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset)
+            || r.as_ref()
+                .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset)
         {
             closed += 1;
         }

@@ -57,7 +57,10 @@ impl Tmux {
             if let Some(l) = screen.lines().find(|l| pred(l)) {
                 return l.to_string();
             }
-            assert!(Instant::now() < deadline, "the live view never showed {what}:\n{screen}");
+            assert!(
+                Instant::now() < deadline,
+                "the live view never showed {what}:\n{screen}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -77,9 +80,22 @@ fn privileged_top_once_and_the_live_view_in_tmux() {
     let agent = Agent::start();
     let state = SimState::new();
     let cg = Cgroup::new(&unique("fgpu-e2e-top"));
-    ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "1GiB", "--compute", "30"]));
+    ok(&agent.cli(&[
+        "limit",
+        "set",
+        &cg.path,
+        "--memory",
+        "1GiB",
+        "--compute",
+        "30",
+    ]));
     // 300 MiB context overhead + 212 MiB = 512 MiB of the 1 GiB, then 1 GiB more: refused.
-    let load = Load::spawn_with_shim(&cg, &state.0, &agent, &["alloc", "212MiB", "alloc", "1GiB", "hold"]);
+    let load = Load::spawn_with_shim(
+        &cg,
+        &state.0,
+        &agent,
+        &["alloc", "212MiB", "alloc", "1GiB", "hold"],
+    );
     let mut load = load;
     load.expect_line("ready");
     agent.wait_for(&cg, "the denial", Duration::from_secs(5), |s| {
@@ -100,14 +116,25 @@ fn privileged_top_once_and_the_live_view_in_tmux() {
         .unwrap_or_else(|| panic!("no row for {}:\n{once}", cg.path));
     // The kernel saw 212 MiB allocated by the process (the context overhead is the shim's).
     assert!(row.contains("212MiB") && row.contains("1GiB"), "{row}");
-    assert!(row.contains("[####................]  21%"), "212 MiB of 1 GiB: {row}");
+    assert!(
+        row.contains("[####................]  21%"),
+        "212 MiB of 1 GiB: {row}"
+    );
     let cols: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(cols[cols.len() - 5], "1", "DENIED: {row}");
     assert_eq!(cols[cols.len() - 4], "30%", "SHARE: {row}");
-    assert!(lines.iter().any(|l| l.starts_with("kernel: 0 events dropped")), "{once}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("kernel: 0 events dropped")),
+        "{once}"
+    );
     let bad = agent.cli(&["top", "--interval", "0"]);
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("--interval 0"), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--interval 0"),
+        "{bad:?}"
+    );
 
     // The live view in a terminal: it shows the row, follows a limit change, quits on `q`.
     let tmux = Tmux::new();
@@ -116,20 +143,42 @@ fn privileged_top_once_and_the_live_view_in_tmux() {
         env!("CARGO_BIN_EXE_fgpu"),
         agent.admin.display()
     );
-    let started = tmux.run(&["new-session", "-d", "-s", "top", "-x", "160", "-y", "30", &top]);
+    let started = tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "160",
+        "-y",
+        "30",
+        &top,
+    ]);
     assert!(started.status.success(), "{started:?}");
-    let first = tmux.wait_line("the container's row", |l| l.starts_with(&format!("{} ", cg.path)));
-    assert!(first.contains("[####................]  21%") && first.contains("1GiB"), "{first}");
+    let first = tmux.wait_line("the container's row", |l| {
+        l.starts_with(&format!("{} ", cg.path))
+    });
+    assert!(
+        first.contains("[####................]  21%") && first.contains("1GiB"),
+        "{first}"
+    );
     assert!(tmux.capture().contains("every 0.2s, q quits"));
     ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "2GiB"]));
     let after = tmux.wait_line("the new limit", |l| {
         l.starts_with(&format!("{} ", cg.path)) && l.contains("2GiB")
     });
-    assert!(after.contains("[##..................]  10%"), "212 MiB of 2 GiB: {after}");
+    assert!(
+        after.contains("[##..................]  10%"),
+        "212 MiB of 2 GiB: {after}"
+    );
     assert!(tmux.run(&["send-keys", "-t", "top", "q"]).status.success());
     let deadline = Instant::now() + Duration::from_secs(5);
     while tmux.run(&["has-session", "-t", "top"]).status.success() {
-        assert!(Instant::now() < deadline, "q did not quit:\n{}", tmux.capture());
+        assert!(
+            Instant::now() < deadline,
+            "q did not quit:\n{}",
+            tmux.capture()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(load.finish().success());

@@ -103,7 +103,13 @@ pub struct AgentArgs {
 
     /// Log line format: `text` (key=value fields) or `json` (one object per line, for log
     /// pipelines; limit changes, denials and backstop actions carry an `event` field).
-    #[arg(long, value_enum, value_name = "FORMAT", default_value = "text", env = "FGPU_LOG_FORMAT")]
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        default_value = "text",
+        env = "FGPU_LOG_FORMAT"
+    )]
     log_format: logging::LogFormat,
 
     /// Serve metrics (OpenMetrics, for Prometheus) on http://ADDR/metrics, with /healthz and

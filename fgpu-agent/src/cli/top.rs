@@ -59,7 +59,11 @@ pub fn run(args: &TopArgs) -> Result<()> {
         if let Some(e) = error {
             let _ = writeln!(text, "\n{}", fit(&format!("(no answer: {e})"), cols));
         }
-        let text: String = text.lines().take(rows).collect::<Vec<_>>().join("\x1b[K\r\n");
+        let text: String = text
+            .lines()
+            .take(rows)
+            .collect::<Vec<_>>()
+            .join("\x1b[K\r\n");
         // Home, the frame (each line erased to its end), then erase the rest of the screen.
         let _ = write!(out, "\x1b[H{text}\x1b[K\r\n\x1b[J");
         let _ = out.flush();
@@ -329,20 +333,37 @@ mod tests {
                     compute_turn_pct: Some(31.0),
                     ..row("/fgpu/a", 768 << 20, Some(1 << 30), 2)
                 },
-                row(&format!("/system.slice/docker-{id}.scope"), 1 << 30, None, 0),
+                row(
+                    &format!("/system.slice/docker-{id}.scope"),
+                    1 << 30,
+                    None,
+                    0,
+                ),
             ],
             ..StatusReport::default()
         };
         let f = frame(&report, None, usize::MAX);
         let lines: Vec<&str> = f.lines().collect();
-        assert!(lines[0].contains("2 cgroups using a GPU, 1 with a memory limit, 2 allocations denied"), "{f}");
-        assert!(lines[1].starts_with("CONTAINER") && lines[1].contains("DENIED"), "{f}");
+        assert!(
+            lines[0].contains("2 cgroups using a GPU, 1 with a memory limit, 2 allocations denied"),
+            "{f}"
+        );
+        assert!(
+            lines[1].starts_with("CONTAINER") && lines[1].contains("DENIED"),
+            "{f}"
+        );
         let a = lines[2];
         assert!(a.starts_with("/fgpu/a "), "{f}");
         assert!(a.contains("[###############.....]  75%"), "{f}");
         assert!(a.contains("768MiB") && a.contains("1GiB"), "{f}");
-        assert!(a.contains(" 2 ") && a.contains("30%") && a.contains("28.2%") && a.contains("31.0%"), "{f}");
-        assert!(lines[3].starts_with("/system.slice/docker-0123456789ab.scope"), "{f}");
+        assert!(
+            a.contains(" 2 ") && a.contains("30%") && a.contains("28.2%") && a.contains("31.0%"),
+            "{f}"
+        );
+        assert!(
+            lines[3].starts_with("/system.slice/docker-0123456789ab.scope"),
+            "{f}"
+        );
         assert!(lines[4].starts_with("kernel: 0 events dropped"), "{f}");
         let narrow = frame(&report, Some(Duration::from_secs(2)), 30);
         assert!(narrow.lines().all(|l| l.chars().count() <= 30), "{narrow}");

@@ -95,7 +95,10 @@ pub struct Series {
 /// replaces quotes, and the tests' cgroup names have no commas).
 pub fn parse(text: &str) -> Vec<Series> {
     let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
         let (name, rest) = match line.find('{') {
             Some(i) => (&line[..i], &line[i + 1..]),
             None => {
@@ -130,7 +133,10 @@ pub fn parse(text: &str) -> Vec<Series> {
 pub fn find<'a>(all: &'a [Series], name: &str, want: &[(&str, &str)]) -> Vec<&'a Series> {
     all.iter()
         .filter(|s| s.name == name)
-        .filter(|s| want.iter().all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v)))
+        .filter(|s| {
+            want.iter()
+                .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
         .collect()
 }
 
@@ -186,9 +192,7 @@ pub fn promtool(text: &str) -> (bool, String) {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .expect(
-            "promtool is needed (Debian: apt-get install prometheus; .ci/run installs it)",
-        );
+        .expect("promtool is needed (Debian: apt-get install prometheus; .ci/run installs it)");
     child
         .stdin
         .take()

@@ -83,7 +83,8 @@ impl Family<'_> {
         enc: &mut DescriptorEncoder<'_>,
         series: impl IntoIterator<Item = (Labels, f64)>,
     ) -> std::fmt::Result {
-        let mut m = enc.encode_descriptor(self.name, self.help, self.unit.as_ref(), MetricType::Gauge)?;
+        let mut m =
+            enc.encode_descriptor(self.name, self.help, self.unit.as_ref(), MetricType::Gauge)?;
         for (labels, v) in series {
             ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
         }
@@ -95,8 +96,12 @@ impl Family<'_> {
         enc: &mut DescriptorEncoder<'_>,
         series: impl IntoIterator<Item = (Labels, f64)>,
     ) -> std::fmt::Result {
-        let mut m =
-            enc.encode_descriptor(self.name, self.help, self.unit.as_ref(), MetricType::Counter)?;
+        let mut m = enc.encode_descriptor(
+            self.name,
+            self.help,
+            self.unit.as_ref(),
+            MetricType::Counter,
+        )?;
         for (labels, v) in series {
             ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
         }
@@ -351,7 +356,8 @@ impl SampleCollector {
             "Driver libraries the probes are attached to",
         )
         .gauges(enc, one(self.0.report.libraries.len() as u64))?;
-        fam("ledgers", "Ledgers (shared budgets) the agent keeps").gauges(enc, one(self.0.ledgers as u64))?;
+        fam("ledgers", "Ledgers (shared budgets) the agent keeps")
+            .gauges(enc, one(self.0.ledgers as u64))?;
         fam(
             "shims_connected",
             "Live processes whose shim said Hello to this agent",
@@ -365,7 +371,11 @@ impl SampleCollector {
             enc,
             one(self.0.report.cgroups.len().saturating_sub(MAX_CGROUPS) as u64),
         )?;
-        fam("agent_ready", "1 once the probes are attached and the sockets served").gauges(
+        fam(
+            "agent_ready",
+            "1 once the probes are attached and the sockets served",
+        )
+        .gauges(
             enc,
             host().map(|(l, _)| (l, if self.0.ready { 1.0 } else { 0.0 })),
         )?;

@@ -57,7 +57,9 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
             match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => tracing::debug!(%peer, "metrics connection: {err}"),
-                Err(_) => tracing::debug!(%peer, "metrics connection closed after {CONNECTION_TIMEOUT:?}"),
+                Err(_) => {
+                    tracing::debug!(%peer, "metrics connection closed after {CONNECTION_TIMEOUT:?}")
+                }
             }
             drop(permit);
         });

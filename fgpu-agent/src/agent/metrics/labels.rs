@@ -125,7 +125,10 @@ mod tests {
             (format!("/system.slice/docker-{ID}.scope"), "docker"),
             (format!("/docker/{ID}"), "docker"),
             (format!("/machine.slice/libpod-{ID}.scope"), "libpod"),
-            (format!("/machine.slice/libpod-{ID}.scope/container"), "libpod"),
+            (
+                format!("/machine.slice/libpod-{ID}.scope/container"),
+                "libpod",
+            ),
             (format!("/libpod_parent/libpod-{ID}"), "libpod"),
         ] {
             let l = parse(&path);

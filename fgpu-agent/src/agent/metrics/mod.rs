@@ -74,7 +74,10 @@ impl Health {
             Some(d) if d < BEAT_STALE => (true, "ok\n".into()),
             Some(d) => (
                 false,
-                format!("the agent's loop has not run for {:.1} s\n", d.as_secs_f64()),
+                format!(
+                    "the agent's loop has not run for {:.1} s\n",
+                    d.as_secs_f64()
+                ),
             ),
         }
     }

@@ -82,11 +82,13 @@ fn a_cgroup_has_its_figures_with_dcgm_and_container_labels() {
         r#"fgpu_shims_connected{Hostname="node-1"} 3.0"#.to_string(),
         r#"fgpu_probed_libraries{Hostname="node-1"} 1.0"#.to_string(),
         r#"fgpu_untracked_allocations_total{Hostname="node-1",reason="map_full"} 0.0"#.to_string(),
-        format!(
-            r#"fgpu_gpu_info{{gpu="0",UUID="GPU-00000000-1111-2222-3333-444444444444",model_name="Simulated H200",Hostname="node-1"}} 1"#
-        ),
+        r#"fgpu_gpu_info{gpu="0",UUID="GPU-00000000-1111-2222-3333-444444444444",model_name="Simulated H200",Hostname="node-1"} 1"#
+            .to_string(),
     ] {
-        assert!(series(&text).contains(&want.as_str()), "missing {want} in\n{text}");
+        assert!(
+            series(&text).contains(&want.as_str()),
+            "missing {want} in\n{text}"
+        );
     }
     // No cap, so no cap series.
     assert!(!text.contains("fgpu_cgroup_compute_cap_ratio{"), "{text}");
@@ -140,10 +142,16 @@ fn the_names_come_from_the_registry() {
 /// its queries name is one the agent exports.
 #[test]
 fn the_dashboard_uses_only_exported_metrics() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/grafana/fgpu-dashboard.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/grafana/fgpu-dashboard.json"
+    );
     let text = std::fs::read_to_string(path).expect("reading the dashboard");
     let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is not JSON");
-    assert!(dash["title"].is_string() && dash["panels"].is_array(), "not a dashboard");
+    assert!(
+        dash["title"].is_string() && dash["panels"].is_array(),
+        "not a dashboard"
+    );
     let mut exprs = Vec::new();
     collect_exprs(&dash, &mut exprs);
     assert!(exprs.len() >= 6, "too few queries: {exprs:?}");
@@ -153,7 +161,10 @@ fn the_dashboard_uses_only_exported_metrics() {
         let found = metric_names(e);
         assert!(!found.is_empty(), "a query names no fgpu metric: {e}");
         for n in found {
-            assert!(names.contains(&n), "the dashboard uses {n}, which the agent does not export ({e})");
+            assert!(
+                names.contains(&n),
+                "the dashboard uses {n}, which the agent does not export ({e})"
+            );
             used.insert(n);
         }
     }
