@@ -449,3 +449,70 @@ fn privileged_readyz_is_not_ready_before_the_probes_attach_and_the_listener_is_b
     }
     assert_eq!(closed, 20, "silent connections are closed");
 }
+
+#[test]
+fn privileged_compute_turns_and_switches_are_counted() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start_with(&["--metrics", "127.0.0.1:0"]);
+    let addr = address_in_log(|| agent.log_text());
+    let state = SimState::new();
+    let a = Cgroup::new(&unique("fgpu-e2e-turns-a"));
+    let b = Cgroup::new(&unique("fgpu-e2e-turns-b"));
+    ok(&agent.cli(&["limit", "set", &a.path, "--compute", "30"]));
+    ok(&agent.cli(&["limit", "set", &b.path, "--compute", "70"]));
+    // Both saturate the one simulated device for 1.5 s: the controller passes turns.
+    let work = ["launch-for", "1500", "sleep_1000us", "hold"];
+    let mut la = Load::spawn_with_shim(&a, &state.0, &agent, &work);
+    let mut lb = Load::spawn_with_shim(&b, &state.0, &agent, &work);
+    la.expect_line("launch-for ok");
+    lb.expect_line("launch-for ok");
+    std::thread::sleep(PUBLISH + Duration::from_millis(100));
+    let (text, series) = scrape(&addr);
+    for cg in [&a, &b] {
+        let turns = one(
+            &series,
+            "fgpu_ledger_compute_turns_total",
+            &[("ledger", &cg.path), ("gpu", "0")],
+        );
+        assert!(turns >= 2.0, "{}: {turns} turns\n{text}", cg.path);
+        let gpu_s = one(
+            &series,
+            "fgpu_ledger_gpu_time_seconds_total",
+            &[("ledger", &cg.path), ("gpu", "0")],
+        );
+        assert!(
+            gpu_s > 0.05 && gpu_s < 1.6,
+            "{}: {gpu_s} s of GPU time\n{text}",
+            cg.path
+        );
+        let share = one(
+            &series,
+            "fgpu_cgroup_compute_share_ratio",
+            &[("cgroup", &cg.path)],
+        );
+        assert!(share == 0.3 || share == 0.7, "{share}");
+    }
+    let switches = one(
+        &series,
+        "fgpu_compute_switch_seconds_count",
+        &[("gpu", "0")],
+    );
+    let sum = one(&series, "fgpu_compute_switch_seconds_sum", &[("gpu", "0")]);
+    assert!(switches >= 2.0, "{switches} switches\n{text}");
+    // Each switch waits at most the drain deadline (20 ms) and a few ticks.
+    assert!(
+        sum >= 0.0 && sum <= switches * 0.022,
+        "{sum} s over {switches} switches"
+    );
+    let inf = one(
+        &series,
+        "fgpu_compute_switch_seconds_bucket",
+        &[("gpu", "0"), ("le", "+Inf")],
+    );
+    assert_eq!(inf, switches);
+    let (passed, lint) = promtool(&text);
+    assert!(passed, "promtool check metrics:\n{lint}\n{text}");
+    assert!(la.finish().success() && lb.finish().success());
+}

@@ -9,6 +9,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use super::labels;
@@ -45,6 +46,8 @@ pub struct Sample {
     pub ledgers: usize,
     pub shims: usize,
     pub ledger_devices: Vec<LedgerDevice>,
+    /// Turn switches per GPU (NVML index): the time the device went without a holder.
+    pub switches: Vec<(u32, Histogram)>,
     pub ready: bool,
 }
 
@@ -307,6 +310,17 @@ impl SampleCollector {
             "GPU time the ledger's shims measured on the device (gated launches)",
         )
         .counters(enc, per_device(|d| d.gpu_time_s))?;
+        let mut m = enc.encode_descriptor(
+            "compute_switch",
+            "Time a gated device went without a holder when the turn passed to another tenant (the previous holder's drain and the grant), per GPU",
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?;
+        for (gpu, h) in &self.0.switches {
+            let mut l = self.gpu(*gpu);
+            l.extend(self.host());
+            h.encode(m.encode_family(&l)?)?;
+        }
         Ok(())
     }
 
@@ -426,11 +440,14 @@ pub fn exported_names() -> Vec<String> {
         let (Some(name), Some(ty)) = (it.next(), it.next()) else {
             continue;
         };
-        names.push(match ty {
-            "counter" => format!("{name}_total"),
-            "info" => format!("{name}_info"),
-            _ => name.to_string(),
-        });
+        match ty {
+            "counter" => names.push(format!("{name}_total")),
+            "info" => names.push(format!("{name}_info")),
+            "histogram" => {
+                names.extend(["bucket", "sum", "count"].map(|s| format!("{name}_{s}")));
+            }
+            _ => names.push(name.to_string()),
+        }
     }
     names
 }

@@ -19,6 +19,7 @@ pub fn take(state: &State, hostname: &str, ready: bool) -> Sample {
         ledgers: ledgers.len(),
         shims: state.shims.connected(),
         ledger_devices: ledger_devices(state, &ledgers),
+        switches: switches(state),
         ready,
     }
 }
@@ -30,12 +31,7 @@ fn ledger_devices(
     state: &State,
     ledgers: &[std::sync::Arc<crate::agent::ledgers::CgroupLedger>],
 ) -> Vec<LedgerDevice> {
-    let keys: Vec<(u64, u32)> = state
-        .gpus
-        .devices
-        .iter()
-        .filter_map(|g| Some((uuid_key(&uuid_bytes(&g.uuid)?), g.index)))
-        .collect();
+    let keys = gpu_keys(state);
     let gated = |p: u32| (1..100).contains(&p);
     let mut out = Vec::new();
     for l in ledgers {
@@ -58,4 +54,28 @@ fn ledger_devices(
         }
     }
     out
+}
+
+/// The controller's switch histograms of the node's GPUs (keys that match none are left out).
+fn switches(state: &State) -> Vec<(u32, prometheus_client::metrics::histogram::Histogram)> {
+    let keys = gpu_keys(state);
+    let mut out: Vec<_> = state
+        .compute
+        .switches
+        .all()
+        .into_iter()
+        .filter_map(|(key, h)| Some((keys.iter().find(|(k, _)| *k == key)?.1, h)))
+        .collect();
+    out.sort_by_key(|(gpu, _)| *gpu);
+    out
+}
+
+/// (uuid key, NVML index) of the node's GPUs.
+fn gpu_keys(state: &State) -> Vec<(u64, u32)> {
+    state
+        .gpus
+        .devices
+        .iter()
+        .filter_map(|g| Some((uuid_key(&uuid_bytes(&g.uuid)?), g.index)))
+        .collect()
 }

@@ -51,6 +51,11 @@ fn sample(rows: Vec<CgroupStatus>) -> Sample {
             turns: 42,
             gpu_time_s: 1.5,
         }],
+        switches: vec![(1, {
+            let h = prometheus_client::metrics::histogram::Histogram::new([0.001, 0.01]);
+            h.observe(0.004);
+            h
+        })],
         ready: true,
     }
 }
@@ -80,6 +85,8 @@ fn a_cgroup_has_its_figures_with_dcgm_and_container_labels() {
             r#"fgpu_ledger_compute_turns_total{{ledger="/fgpu/a",gpu="1",UUID="{uuid}",Hostname="node-1"}} 42.0"#
         ),
         r#"fgpu_shims_connected{Hostname="node-1"} 3.0"#.to_string(),
+        format!(r#"fgpu_compute_switch_seconds_bucket{{le="0.01",gpu="1",UUID="{uuid}",Hostname="node-1"}} 1"#),
+        format!(r#"fgpu_compute_switch_seconds_count{{gpu="1",UUID="{uuid}",Hostname="node-1"}} 1"#),
         r#"fgpu_probed_libraries{Hostname="node-1"} 1.0"#.to_string(),
         r#"fgpu_untracked_allocations_total{Hostname="node-1",reason="map_full"} 0.0"#.to_string(),
         r#"fgpu_gpu_info{gpu="0",UUID="GPU-00000000-1111-2222-3333-444444444444",model_name="Simulated H200",Hostname="node-1"} 1"#
@@ -132,6 +139,8 @@ fn the_names_come_from_the_registry() {
         "fgpu_events_dropped_total",
         "fgpu_gpu_info",
         "fgpu_ledger_gpu_time_seconds_total",
+        "fgpu_compute_switch_seconds_bucket",
+        "fgpu_compute_switch_seconds_count",
     ] {
         assert!(names.iter().any(|x| x == n), "{n} not in {names:?}");
     }
