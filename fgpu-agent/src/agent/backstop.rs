@@ -135,7 +135,11 @@ impl Backstop {
             bytes = e.cgroup_bytes,
             device = e.device,
             limit_bytes = limit,
-            action = %what,
+            action = match e.result {
+                action::KILLED => "kill",
+                action::REPORTED => "report",
+                _ => "kill_failed",
+            },
             "over limit: its allocation of {} took the cgroup's subtree to {} ({} bytes) on \
              device {}, over the {} limit; {what}",
             Size(e.size),
