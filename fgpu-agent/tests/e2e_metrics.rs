@@ -515,6 +515,19 @@ fn privileged_compute_turns_and_switches_are_counted() {
         &[("gpu", "0"), ("le", "+Inf")],
     );
     assert_eq!(inf, switches);
+    let turns = |cg: &Cgroup| {
+        one(
+            &series,
+            "fgpu_ledger_compute_turns_total",
+            &[("ledger", &cg.path)],
+        )
+    };
+    eprintln!(
+        "turns: a {} b {}; {switches} switches, mean {:.2} ms",
+        turns(&a),
+        turns(&b),
+        1e3 * sum / switches
+    );
     let (passed, lint) = promtool(&text);
     assert!(passed, "promtool check metrics:\n{lint}\n{text}");
     assert!(la.finish().success() && lb.finish().success());
