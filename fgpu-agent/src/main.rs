@@ -50,6 +50,8 @@ enum Command {
     /// Containers through CDI (docker, podman, containerd, CRI-O): write the CDI spec, and
     /// the hook it installs.
     Cdi(cdi::CdiArgs),
+    /// A live view of the containers using the GPUs: memory against limits, compute shares, denials.
+    Top(cli::top::TopArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -59,6 +61,7 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => cli::status::run(&args),
         Command::Limit(args) => cli::limit::run(&args),
         Command::Cdi(args) => cdi::run(&args),
+        Command::Top(args) => cli::top::run(&args),
         Command::Run(args) => match cli::run::run(&args) {
             Ok(code) => return code,
             Err(err) => Err(err),

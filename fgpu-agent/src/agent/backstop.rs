@@ -119,6 +119,7 @@ impl Backstop {
         };
         if kind == Some(EventKind::OverBound) {
             tracing::warn!(
+                event = "over_bound",
                 pid = e.tgid,
                 tenant = cgroup,
                 "over bound: an allocation of {} was not tracked, the tenant has no tracking \
@@ -128,8 +129,17 @@ impl Backstop {
             return;
         }
         tracing::warn!(
+            event = "over_limit",
             pid = e.tgid,
             cgroup,
+            bytes = e.cgroup_bytes,
+            device = e.device,
+            limit_bytes = limit,
+            action = match e.result {
+                action::KILLED => "kill",
+                action::REPORTED => "report",
+                _ => "kill_failed",
+            },
             "over limit: its allocation of {} took the cgroup's subtree to {} ({} bytes) on \
              device {}, over the {} limit; {what}",
             Size(e.size),

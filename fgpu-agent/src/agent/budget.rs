@@ -115,6 +115,15 @@ impl Shims {
         self.0.lock().expect("shims lock").hello.insert(pid);
     }
 
+    /// Live processes whose shim said Hello (for the metrics).
+    pub fn connected(&self) -> usize {
+        let s = self.0.lock().expect("shims lock");
+        s.hello
+            .iter()
+            .filter(|p| Path::new(&format!("/proc/{p}")).exists())
+            .count()
+    }
+
     /// Forgets processes that are gone.
     fn prune(&self) {
         let alive = |p: &u32| Path::new(&format!("/proc/{p}")).exists();

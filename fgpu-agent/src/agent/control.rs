@@ -172,9 +172,13 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
     state.backstop.limits_changed();
     state.apply_limits();
     tracing::info!(
+        event = "limit_set",
         cgroup,
         limit = ?req.limit,
         until_cgroup_removed = req.until_cgroup_removed,
+        memory_bytes = req.limit.memory_bytes,
+        compute_pct = req.limit.compute_pct,
+        compute_cap_pct = req.limit.compute_cap_pct,
         door = caller.door.name(),
         uid = caller.peer.uid,
         pid = caller.peer.pid,
@@ -226,6 +230,7 @@ fn limit_remove(state: &State, caller: &Caller, req: &TargetRequest) -> Result<F
         bail!("{cgroup} has no limit of its own (see `fgpu limit get {cgroup}`)");
     }
     tracing::info!(
+        event = "limit_removed",
         cgroup,
         door = caller.door.name(),
         uid = caller.peer.uid,

@@ -157,6 +157,7 @@ pub fn reconcile(state: &State, gc: bool) {
         if *passes == 1 && !recorded {
             state.backstop.reconciled(id);
             tracing::warn!(
+                event = "reconcile_over_limit",
                 cgroup = path,
                 "reconcile: the kernel sees {} in the subtree, over the {} threshold",
                 Size(bytes),
@@ -189,6 +190,7 @@ fn kill_largest(state: &State, procs: &[(u32, fgpu_common::event::ProcUsage)], p
         // SAFETY: kill(2) with a host PID from the kernel's map and a constant signal.
         let rc = unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
         tracing::warn!(
+            event = "reconcile_kill",
             pid,
             cgroup = path,
             "reconcile: killed the largest holder ({}) of a subtree still over its limit{}",

@@ -20,6 +20,8 @@ mod hostns;
 mod kernel;
 mod ledgers;
 mod limits;
+mod logging;
+pub(crate) mod metrics;
 mod peer;
 mod pins;
 mod preflight;
@@ -32,6 +34,7 @@ mod server;
 mod targets;
 mod watcher;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -108,15 +111,29 @@ pub struct AgentArgs {
     /// container option is missing if not. docs/containers.md.
     #[arg(long, value_name = "PID")]
     host_process: Option<u32>,
+    /// Log line format: `text` (key=value fields) or `json` (one object per line, for log
+    /// pipelines; limit changes, denials and backstop actions carry an `event` field).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "FORMAT",
+        default_value = "text",
+        env = "FGPU_LOG_FORMAT"
+    )]
+    log_format: logging::LogFormat,
+
+    /// Serve metrics (OpenMetrics, for Prometheus) on http://ADDR/metrics, with /healthz and
+    /// /readyz for liveness and readiness probes; e.g. 127.0.0.1:9400, or 0.0.0.0:9400 for a
+    /// scraper on the node network (port 0 picks a free port; the log says which). Off by
+    /// default.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
 }
 
 pub fn run(args: AgentArgs) -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log)?)
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: log files and journals get plain `key=value` fields.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    logging::init(&args.log, args.log_format)?;
+    // First, so that /readyz says "not ready" while the probes are being attached.
+    let metrics = args.metrics.map(metrics::Metrics::start).transpose()?;
     server::check_paths(&args.admin_socket, &args.socket)?;
     match args.host_process {
         Some(pid) => hostns::adopt(pid)?,
@@ -165,6 +182,9 @@ pub fn run(args: AgentArgs) -> Result<()> {
              PATH, or on a machine without a GPU try the simulated driver: `cargo xtask run --sim`"
         );
     }
+    if let Some(m) = &metrics {
+        m.probes_attached();
+    }
     let (exec_tx, exec_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("fgpu-watcher".into())
@@ -189,6 +209,9 @@ pub fn run(args: AgentArgs) -> Result<()> {
         exec_tx,
         compute: compute::ComputeStatus::default(),
     });
+    if let Some(m) = &metrics {
+        m.set_state(&state);
+    }
     {
         let state = Arc::clone(&state);
         std::thread::Builder::new()
@@ -219,6 +242,11 @@ pub fn run(args: AgentArgs) -> Result<()> {
         );
         let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state)));
         let publisher_task = tokio::spawn(publisher::run(Arc::clone(&state)));
+        let eventlog_task = tokio::spawn(metrics::eventlog::run(Arc::clone(&state)));
+        if let Some(m) = &metrics {
+            tokio::spawn(m.clone().beat());
+            m.sockets_served();
+        }
         let containers_limits = doors::Limits::containers(
             args.max_connections as usize,
             args.max_connections_per_cgroup as usize,
@@ -244,6 +272,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         };
         events_task.abort();
         publisher_task.abort();
+        eventlog_task.abort();
         enforce_task.abort();
         bound_task.abort();
         served

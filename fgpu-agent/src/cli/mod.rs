@@ -4,3 +4,4 @@ pub mod client;
 pub mod limit;
 pub mod run;
 pub mod status;
+pub mod top;

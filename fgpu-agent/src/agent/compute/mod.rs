@@ -27,6 +27,7 @@
 //! [`WINDOW_NS`] share of it): a tenant whose bucket is empty gets no turn, even on an idle
 //! device. Tenants without a share or cap are not gated and not scheduled.
 
+mod switches;
 mod tenant;
 
 use std::collections::HashMap;
@@ -101,6 +102,8 @@ pub struct ComputeFigures {
 #[derive(Default)]
 pub struct ComputeStatus {
     by_cgroup: Mutex<HashMap<String, ComputeFigures>>,
+    /// Turn switches per device, for the metrics (read-only: [`switches`]).
+    pub switches: switches::SwitchStats,
 }
 
 impl ComputeStatus {
@@ -254,6 +257,7 @@ impl Controller {
         for dev in devices {
             self.schedule(dev, now, dt);
         }
+        status.switches.observe(now, &self.devices);
         if now - self.last_sample >= 100_000_000 {
             self.last_sample = now;
             self.publish(now, status);

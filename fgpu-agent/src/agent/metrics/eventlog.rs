@@ -1,0 +1,50 @@
+//! Denials as structured log lines: once a second, every ledger whose shims refused
+//! allocations since the last look gets one `event="alloc_denied"` line (how many, the total,
+//! the limit), so that a log pipeline sees denials without reading the workloads' stderr.
+//! (Limit changes and the kernel backstop's actions are logged where they happen, with
+//! `event` fields of their own: docs/observability.md.) At most one line per ledger per
+//! second, whatever a container does.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fgpu_common::quantity::Size;
+
+use crate::agent::report::State;
+
+const EVERY: Duration = Duration::from_secs(1);
+
+pub async fn run(state: Arc<State>) {
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    let mut tick = tokio::time::interval(EVERY);
+    loop {
+        tick.tick().await;
+        let ledgers = state.ledgers.all();
+        seen.retain(|cgroup, _| ledgers.iter().any(|l| &l.cgroup == cgroup));
+        for l in &ledgers {
+            let total = l.denied();
+            let before = seen.insert(l.cgroup.clone(), total).unwrap_or(0);
+            if total <= before {
+                continue;
+            }
+            let limit = state
+                .limits
+                .lock()
+                .expect("limits lock")
+                .effective(&l.cgroup)
+                .0
+                .memory_bytes;
+            tracing::warn!(
+                event = "alloc_denied",
+                cgroup = %l.cgroup,
+                denied = total - before,
+                denied_total = total,
+                limit_bytes = limit,
+                "{} allocation(s) refused at the {} limit",
+                total - before,
+                limit.map_or_else(|| "-".to_string(), |b| Size(b).to_string()),
+            );
+        }
+    }
+}

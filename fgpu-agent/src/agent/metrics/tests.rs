@@ -1,0 +1,217 @@
+use super::families::{LedgerDevice, Sample, encode, exported_names};
+use crate::agent::gpus::Gpu;
+use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
+
+const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+fn gpu(index: u32) -> Gpu {
+    Gpu {
+        index,
+        uuid: format!("GPU-0000000{index}-1111-2222-3333-444444444444"),
+        name: "Simulated H200".into(),
+        memory_total_bytes: 141 << 30,
+    }
+}
+
+fn row(cgroup: &str, used: u64, limit: Option<u64>, denied: u64) -> CgroupStatus {
+    CgroupStatus {
+        cgroup_id: 7,
+        pids: vec![10, 11],
+        memory_used_bytes: used,
+        memory_limit_bytes: limit,
+        alloc_denied: denied,
+        over_limit_actions: 2,
+        devices: vec![DeviceUsage {
+            device: 1,
+            memory_used_bytes: used,
+            allocs: 5,
+            frees: 1,
+        }],
+        compute_share_pct: Some(30),
+        compute_used_pct: Some(27.5),
+        compute_turn_pct: Some(31.0),
+        ..CgroupStatus::empty(cgroup.into())
+    }
+}
+
+fn sample(rows: Vec<CgroupStatus>) -> Sample {
+    Sample {
+        hostname: "node-1".into(),
+        report: StatusReport {
+            cgroups: rows,
+            libraries: vec!["/usr/lib/libcuda.so.1".into()],
+            ..StatusReport::default()
+        },
+        gpus: vec![gpu(0), gpu(1)],
+        ledgers: 1,
+        shims: 3,
+        ledger_devices: vec![LedgerDevice {
+            ledger: "/fgpu/a".into(),
+            gpu: 1,
+            turns: 42,
+            gpu_time_s: 1.5,
+        }],
+        switches: vec![(1, {
+            let h = prometheus_client::metrics::histogram::Histogram::new([0.001, 0.01]);
+            h.observe(0.004);
+            h
+        })],
+        ready: true,
+    }
+}
+
+/// The sample lines (not comments) of an exposition.
+fn series(text: &str) -> Vec<&str> {
+    text.lines().filter(|l| !l.starts_with('#')).collect()
+}
+
+#[test]
+fn a_cgroup_has_its_figures_with_dcgm_and_container_labels() {
+    let path = format!("/system.slice/docker-{ID}.scope");
+    let text = encode(sample(vec![row(&path, 3 << 30, Some(4 << 30), 9)]));
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    let uuid = "GPU-00000001-1111-2222-3333-444444444444";
+    let base = format!(r#"cgroup="{path}",container_id="{ID}",Hostname="node-1""#);
+    for want in [
+        format!(r#"fgpu_cgroup_memory_used_bytes{{{base},gpu="1",UUID="{uuid}"}} 3221225472.0"#),
+        format!("fgpu_cgroup_memory_limit_bytes{{{base}}} 4294967296.0"),
+        format!("fgpu_cgroup_alloc_denied_total{{{base}}} 9.0"),
+        format!("fgpu_cgroup_backstop_actions_total{{{base}}} 2.0"),
+        format!("fgpu_cgroup_processes{{{base}}} 2.0"),
+        format!("fgpu_cgroup_compute_share_ratio{{{base}}} 0.3"),
+        format!("fgpu_cgroup_compute_used_ratio{{{base}}} 0.275"),
+        format!("fgpu_cgroup_compute_turn_ratio{{{base}}} 0.31"),
+        format!(
+            r#"fgpu_ledger_compute_turns_total{{ledger="/fgpu/a",gpu="1",UUID="{uuid}",Hostname="node-1"}} 42.0"#
+        ),
+        r#"fgpu_shims_connected{Hostname="node-1"} 3.0"#.to_string(),
+        format!(r#"fgpu_compute_switch_seconds_bucket{{le="0.01",gpu="1",UUID="{uuid}",Hostname="node-1"}} 1"#),
+        format!(r#"fgpu_compute_switch_seconds_count{{gpu="1",UUID="{uuid}",Hostname="node-1"}} 1"#),
+        r#"fgpu_probed_libraries{Hostname="node-1"} 1.0"#.to_string(),
+        r#"fgpu_untracked_allocations_total{Hostname="node-1",reason="map_full"} 0.0"#.to_string(),
+        r#"fgpu_gpu_info{gpu="0",UUID="GPU-00000000-1111-2222-3333-444444444444",model_name="Simulated H200",Hostname="node-1"} 1"#
+            .to_string(),
+    ] {
+        assert!(
+            series(&text).contains(&want.as_str()),
+            "missing {want} in\n{text}"
+        );
+    }
+    // No cap, so no cap series.
+    assert!(!text.contains("fgpu_cgroup_compute_cap_ratio{"), "{text}");
+}
+
+#[test]
+fn a_cgroup_gone_from_the_report_has_no_series() {
+    let both = encode(sample(vec![
+        row("/fgpu/a", 1, None, 0),
+        row("/fgpu/b", 2, None, 0),
+    ]));
+    assert!(both.contains(r#"cgroup="/fgpu/b""#));
+    let one = encode(sample(vec![row("/fgpu/a", 1, None, 0)]));
+    assert!(one.contains(r#"cgroup="/fgpu/a""#));
+    assert!(!one.contains("/fgpu/b"), "{one}");
+    // Every family is still described.
+    assert_eq!(
+        both.lines().filter(|l| l.starts_with("# TYPE")).count(),
+        one.lines().filter(|l| l.starts_with("# TYPE")).count()
+    );
+}
+
+#[test]
+fn hostile_cgroup_names_cannot_forge_series() {
+    let evil = "/fgpu/x\"} 1\nfgpu_cgroup_alloc_denied_total{cgroup=\"/victim\"} 999\n#";
+    let text = encode(sample(vec![row(evil, 1, None, 0)]));
+    assert!(!text.contains("999\n"), "{text}");
+    for line in series(&text) {
+        assert!(line.starts_with("fgpu_") || line.is_empty(), "{line:?}");
+    }
+}
+
+#[test]
+fn the_names_come_from_the_registry() {
+    let names = exported_names();
+    for n in [
+        "fgpu_cgroup_memory_used_bytes",
+        "fgpu_cgroup_memory_limit_bytes",
+        "fgpu_cgroup_alloc_denied_total",
+        "fgpu_cgroup_backstop_actions_total",
+        "fgpu_events_dropped_total",
+        "fgpu_gpu_info",
+        "fgpu_ledger_gpu_time_seconds_total",
+        "fgpu_compute_switch_seconds_bucket",
+        "fgpu_compute_switch_seconds_count",
+    ] {
+        assert!(names.iter().any(|x| x == n), "{n} not in {names:?}");
+    }
+    assert!(!names.iter().any(|x| x == "fgpu_nonexistent"));
+}
+
+/// deploy/grafana/fgpu-dashboard.json is valid JSON, a Grafana dashboard, and every metric
+/// its queries name is one the agent exports.
+#[test]
+fn the_dashboard_uses_only_exported_metrics() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/grafana/fgpu-dashboard.json"
+    );
+    let text = std::fs::read_to_string(path).expect("reading the dashboard");
+    let dash: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is not JSON");
+    assert!(
+        dash["title"].is_string() && dash["panels"].is_array(),
+        "not a dashboard"
+    );
+    let mut exprs = Vec::new();
+    collect_exprs(&dash, &mut exprs);
+    assert!(exprs.len() >= 6, "too few queries: {exprs:?}");
+    let names = exported_names();
+    let mut used = std::collections::BTreeSet::new();
+    for e in &exprs {
+        let found = metric_names(e);
+        assert!(!found.is_empty(), "a query names no fgpu metric: {e}");
+        for n in found {
+            assert!(
+                names.contains(&n),
+                "the dashboard uses {n}, which the agent does not export ({e})"
+            );
+            used.insert(n);
+        }
+    }
+    assert!(used.len() >= 8, "the dashboard shows few metrics: {used:?}");
+}
+
+fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                if (k == "expr" || k == "definition") && v.is_string() {
+                    out.push(v.as_str().unwrap_or_default().to_string());
+                } else {
+                    collect_exprs(v, out);
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_exprs(v, out)),
+        _ => {}
+    }
+}
+
+/// The `fgpu_...` identifiers of a PromQL expression.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let b = expr.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b':';
+        if expr[i..].starts_with("fgpu_") && (i == 0 || !ident(b[i - 1])) {
+            let start = i;
+            while i < b.len() && ident(b[i]) {
+                i += 1;
+            }
+            out.push(expr[start..i].to_string());
+        } else {
+            i += 1;
+        }
+    }
+    out
+}

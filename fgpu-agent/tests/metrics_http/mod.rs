@@ -1,0 +1,211 @@
+//! Helpers of the metrics tests: a plain HTTP/1.1 client, the agent's metrics address from
+//! its log, and a parser of the OpenMetrics text.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// The address the agent's log says the metrics listener is on (waits up to 20 s).
+pub fn address_in_log(log: impl Fn() -> String) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = log();
+        if let Some(rest) = text.split("readyz on http://").nth(1) {
+            let end = rest
+                .find(|c: char| c.is_whitespace() || c == '"')
+                .unwrap_or(rest.len());
+            return rest[..end].to_string();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no metrics address in the agent's log:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A response: status code, headers (lower-case names), body.
+pub struct Response {
+    pub code: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Sends `request` (raw bytes) and reads the whole response (the request asks to close).
+pub fn raw(addr: &str, request: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(15)))?;
+    s.write_all(request)?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    Ok(out)
+}
+
+pub fn request(addr: &str, method: &str, path: &str) -> Response {
+    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let bytes = raw(addr, req.as_bytes()).unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    parse_response(&bytes)
+}
+
+pub fn get(addr: &str, path: &str) -> Response {
+    request(addr, "GET", path)
+}
+
+pub fn parse_response(bytes: &[u8]) -> Response {
+    let text = String::from_utf8_lossy(bytes);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default();
+    let code = status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Response {
+        code,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+/// One sample line.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// The samples of an OpenMetrics text (label values hold no `"` or `,` here: the agent
+/// replaces quotes, and the tests' cgroup names have no commas).
+pub fn parse(text: &str) -> Vec<Series> {
+    let mut out = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (name, rest) = match line.find('{') {
+            Some(i) => (&line[..i], &line[i + 1..]),
+            None => {
+                let (n, v) = line.split_once(' ').expect("name value");
+                out.push(Series {
+                    name: n.to_string(),
+                    labels: BTreeMap::new(),
+                    value: v.parse().expect("a number"),
+                });
+                continue;
+            }
+        };
+        let (labels, value) = rest.rsplit_once("} ").expect("labels then value");
+        let labels = labels
+            .split("\",")
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once("=\"").expect("k=\"v\"");
+                (k.to_string(), v.trim_end_matches('"').to_string())
+            })
+            .collect();
+        out.push(Series {
+            name: name.to_string(),
+            labels,
+            value: value.trim().parse().expect("a number"),
+        });
+    }
+    out
+}
+
+/// The series named `name` whose labels include every one of `want`.
+pub fn find<'a>(all: &'a [Series], name: &str, want: &[(&str, &str)]) -> Vec<&'a Series> {
+    all.iter()
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            want.iter()
+                .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .collect()
+}
+
+/// The one value of `name` with `want`; panics when there is none or several.
+pub fn one(all: &[Series], name: &str, want: &[(&str, &str)]) -> f64 {
+    let found = find(all, name, want);
+    assert_eq!(found.len(), 1, "{name} {want:?}: {found:?}");
+    found[0].value
+}
+
+/// The OpenMetrics text as the classic Prometheus text format that `promtool check metrics`
+/// reads (Prometheus 2.x): the standard mapping of OpenMetrics families to classic ones —
+/// a counter family `x` is the classic counter `x_total`, an info family `x` the gauge
+/// `x_info` — and no `# UNIT` or `# EOF` lines. Every sample line is kept as it is.
+pub fn classic(text: &str) -> String {
+    let mut kinds: BTreeMap<String, String> = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+            kinds.insert(name.to_string(), kind.to_string());
+        }
+    }
+    let rename = |name: &str| match kinds.get(name).map(String::as_str) {
+        Some("counter") => format!("{name}_total"),
+        Some("info") => format!("{name}_info"),
+        _ => name.to_string(),
+    };
+    let mut out = String::new();
+    for line in text.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+            let kind = if kind == "info" { "gauge" } else { kind };
+            out.push_str(&format!("# TYPE {} {kind}\n", rename(name)));
+        } else if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, help) = rest.split_once(' ').expect("# HELP name text");
+            out.push_str(&format!("# HELP {} {help}\n", rename(name)));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// `promtool check metrics` on `text` (classic form): its output, and whether it passed.
+pub fn promtool(text: &str) -> (bool, String) {
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool is needed (Debian: apt-get install prometheus; .ci/run installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(classic(text).as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
