@@ -11,22 +11,12 @@ mod metrics_http;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Agent, Cgroup, Load, SimState, privileged, sim_dir, unique};
+use common::{Agent, Cgroup, Load, SimState, ok, privileged, sim_dir, unique};
 use metrics_http::{Series, address_in_log, find, get, one, parse, promtool};
 use serde_json::Value;
 
 /// The agent's publish interval (`PUBLISH_EVERY`): a scrape reuses a sample this young.
 const PUBLISH: Duration = Duration::from_secs(1);
-
-fn ok(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "fgpu failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn scrape(addr: &str) -> (String, Vec<Series>) {
     let r = get(addr, "/metrics");
