@@ -12,6 +12,8 @@
 //!   alloc SIZE | alloc-api {mem_alloc|pitch|managed|async|pool|vmm|array} SIZE
 //!   free-last | free N | free-all | trim | info | launch N KERNEL | graph N KERNEL REPLAYS
 //!   sync | sleep MS | hold | nvml
+//!   device N                    (make ordinal N's primary context current; prints its UUID)
+//!   devices                     (the visible ordinals and their UUIDs)
 //!   launch-for MS KERNEL        (10 launches + sync, repeated for MS ms; prints n)
 //!   graph-for MS N KERNEL       (a graph of N launches replayed for MS ms; prints replays)
 //!   steps-for MS K KERNEL GAP_US [SPIN_US] (K launches + sync + GAP_US of host time,
@@ -110,6 +112,8 @@ unsafe fn fn_ptr<F: Copy>(p: Ptr) -> F {
 /// The driver entry points this program uses, with their C signatures.
 struct Api {
     device_get: unsafe extern "C" fn(*mut i32, i32) -> R,
+    device_get_count: unsafe extern "C" fn(*mut i32) -> R,
+    device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], i32) -> R,
     ctx_retain: unsafe extern "C" fn(*mut usize, i32) -> R,
     ctx_set_current: unsafe extern "C" fn(usize) -> R,
     ctx_synchronize: unsafe extern "C" fn() -> R,
@@ -160,6 +164,8 @@ impl Api {
     fn load(lib: &Lib) -> Api {
         Api {
             device_get: entry!(lib, "cuDeviceGet", "cuDeviceGet"),
+            device_get_count: entry!(lib, "cuDeviceGetCount", "cuDeviceGetCount"),
+            device_get_uuid: entry!(lib, "cuDeviceGetUuid", "cuDeviceGetUuid_v2"),
             ctx_retain: entry!(lib, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"),
             ctx_set_current: entry!(lib, "cuCtxSetCurrent", "cuCtxSetCurrent"),
             ctx_synchronize: entry!(lib, "cuCtxSynchronize", "cuCtxSynchronize"),
@@ -258,6 +264,8 @@ struct Driver {
     api: Api,
     /// The primary context, made current on every thread this tool starts.
     ctx: usize,
+    /// The CUDA ordinal of `ctx` (`device N` switches).
+    dev: i32,
     allocs: Vec<Alloc>,
     pool: usize,
     failed: bool,
@@ -331,7 +339,7 @@ impl Driver {
                         alloc_type: 1,
                         handle_types: 0,
                         location_type: DEVICE,
-                        location_id: 0,
+                        location_id: self.dev,
                         win32: std::ptr::null_mut(),
                         max_size: 0,
                         usage: 0,
@@ -385,6 +393,64 @@ impl Driver {
         }
     }
 
+    /// Makes ordinal `n`'s primary context current (allocations and launches go there).
+    fn use_device(&mut self, n: i32) {
+        let a = &self.api;
+        let (mut dev, mut ctx) = (0i32, 0usize);
+        // SAFETY: documented signatures, pointers to valid locals.
+        let rc = (|| unsafe {
+            step!((a.device_get)(&mut dev, n));
+            step!((a.ctx_retain)(&mut ctx, dev));
+            (a.ctx_set_current)(ctx)
+        })();
+        let uuid = if rc == 0 {
+            self.uuid(dev)
+        } else {
+            String::new()
+        };
+        self.report(
+            rc,
+            format!("device ok ordinal={n} uuid={uuid}"),
+            format!("device fail ordinal={n} rc={rc}"),
+        );
+        if rc == 0 {
+            (self.ctx, self.dev, self.pool) = (ctx, dev, 0);
+        }
+    }
+
+    /// `GPU-...` form of ordinal `dev`'s UUID.
+    fn uuid(&self, dev: i32) -> String {
+        let mut b = [0u8; 16];
+        // SAFETY: documented signature, a 16-byte out-buffer.
+        if unsafe { (self.api.device_get_uuid)(&mut b, dev) } != 0 {
+            return "?".into();
+        }
+        let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        format!(
+            "GPU-{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        )
+    }
+
+    /// One line per visible ordinal: `ordinal N uuid=...`.
+    fn devices(&mut self) {
+        let mut n = 0i32;
+        // SAFETY: documented signature, valid out-pointer.
+        let rc = unsafe { (self.api.device_get_count)(&mut n) };
+        self.report(
+            rc,
+            format!("devices count={n}"),
+            format!("devices fail rc={rc}"),
+        );
+        for o in 0..n {
+            out(format!("ordinal {o} uuid={}", self.uuid(o)));
+        }
+    }
+
     /// cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess.
     fn vmm_alloc(&self, n: usize, ptr: &mut u64, handle: &mut usize) -> i32 {
         let a = &self.api;
@@ -392,13 +458,13 @@ impl Driver {
             alloc_type: 1,
             handle_types: 0,
             location_type: DEVICE,
-            location_id: 0,
+            location_id: self.dev,
             win32: std::ptr::null_mut(),
             flags: [0; 8],
         };
         let access = AccessDesc {
             location_type: DEVICE,
-            location_id: 0,
+            location_id: self.dev,
             flags: 3,
         };
         // SAFETY: documented signatures, pointers to valid locals (all four calls).
@@ -937,6 +1003,7 @@ fn main() {
     let mut d = Driver {
         api,
         ctx,
+        dev,
         allocs: Vec::new(),
         pool: 0,
         failed: false,
@@ -1046,6 +1113,12 @@ fn main() {
                 i += 2;
                 d.alloc_free_pairs(cmd, threads, pairs, size);
             }
+            "device" => {
+                let n = num_arg(args.get(i)).unwrap_or(0);
+                i += 1;
+                d.use_device(n as i32);
+            }
+            "devices" => d.devices(),
             "sleep" => {
                 let ms = num_arg(args.get(i)).unwrap_or(0);
                 i += 1;
