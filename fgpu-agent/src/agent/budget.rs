@@ -329,13 +329,18 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
         .filter_map(|g| Some((g.index, uuid_bytes(&g.uuid)?)))
         .collect();
     let uuids = &uuids;
+    // On a node of several GPUs every GPU gets its record at once (bound here if no shim
+    // has yet), so that each has its own budget before the first allocation on it.
+    let several = uuids.len() > 1;
     let record = |l: &CgroupLedger, uuid: &[u8; 16]| {
         let key = uuid_key(uuid);
-        l.ledger()
+        let found = l
+            .ledger()
             .usage
             .devices
             .iter()
-            .position(|r| r.key.load(SeqCst) == key)
+            .position(|r| r.key.load(SeqCst) == key);
+        found.or_else(|| several.then(|| l.ledger().device_index(uuid)).flatten())
     };
     // A sibling's budget must not wait for the publisher's once-a-second reclaim of a dead
     // process's share: take dead slots back first (a few fcntl calls per slot in use).
