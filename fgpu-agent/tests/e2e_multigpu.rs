@@ -98,10 +98,22 @@ fn privileged_two_gpus_figures_budgets_and_backstop_land_on_the_right_gpu() {
     //    of `CUDA_VISIBLE_DEVICES`, lands on the physical GPU (NVML index) it is on.
     let cases: [(Option<&str>, &[&str], u64); 5] = [
         (None, &["device", "1", "alloc", "1GiB"], 1),
-        (Some("1"), &["alloc-api", "vmm", "512MiB", "alloc", "512MiB"], 1),
-        (Some("1,0"), &["device", "1", "alloc-api", "pitch", "1GiB"], 0),
+        (
+            Some("1"),
+            &["alloc-api", "vmm", "512MiB", "alloc", "512MiB"],
+            1,
+        ),
+        (
+            Some("1,0"),
+            &["device", "1", "alloc-api", "pitch", "1GiB"],
+            0,
+        ),
         (Some(UUID1), &["alloc-api", "pool", "1GiB"], 1),
-        (Some("1,0"), &["alloc-api", "async", "512MiB", "alloc-api", "vmm", "512MiB"], 1),
+        (
+            Some("1,0"),
+            &["alloc-api", "async", "512MiB", "alloc-api", "vmm", "512MiB"],
+            1,
+        ),
     ];
     for (visible, args, gpu) in cases {
         let cg = Cgroup::new(&unique("fgpu-e2e-mg"));
@@ -126,9 +138,12 @@ fn privileged_two_gpus_figures_budgets_and_backstop_land_on_the_right_gpu() {
     ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "2GiB"]));
     let mut bypass = spawn(&cg, &state, None, Some("1"), &["alloc", "1GiB", "hold"]);
     bypass.expect_line("ready");
-    agent.wait_for(&cg, "the bypasser's 1 GiB on GPU 1", Duration::from_secs(5), |s| {
-        by_gpu(s) == BTreeMap::from([(1, GIB)])
-    });
+    agent.wait_for(
+        &cg,
+        "the bypasser's 1 GiB on GPU 1",
+        Duration::from_secs(5),
+        |s| by_gpu(s) == BTreeMap::from([(1, GIB)]),
+    );
     let mut shim = spawn(
         &cg,
         &state,
@@ -152,7 +167,14 @@ fn privileged_two_gpus_figures_budgets_and_backstop_land_on_the_right_gpu() {
         .lines
         .iter()
         .filter(|l| l.starts_with("info free="))
-        .map(|l| l["info free=".len()..].split(' ').next().unwrap().parse().unwrap())
+        .map(|l| {
+            l["info free=".len()..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
         .collect();
     assert_eq!(
         free,
@@ -190,7 +212,12 @@ fn privileged_two_gpus_figures_budgets_and_backstop_land_on_the_right_gpu() {
         over.lines
     );
     let exit = over.expect_line("exit=");
-    assert_eq!(exit, "exit=137", "SIGKILLed; agent log:\n{}", agent.log_text());
+    assert_eq!(
+        exit,
+        "exit=137",
+        "SIGKILLed; agent log:\n{}",
+        agent.log_text()
+    );
     let log = agent.log_text();
     assert!(
         log.contains("killed the largest holder on GPU 1"),

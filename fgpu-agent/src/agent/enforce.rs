@@ -100,7 +100,6 @@ fn per_gpu_limits(state: &State) -> HashMap<u64, u64> {
     let store = state.limits.lock().expect("limits lock");
     store
         .all()
-        .into_iter()
         .filter_map(|(path, l)| Some((cgroup_id(&state.cgroup2_mount, path)?, l.memory_bytes?)))
         .collect()
 }
