@@ -15,6 +15,7 @@
 //!   device N                    (make ordinal N's primary context current; prints its UUID)
 //!   devices                     (the visible ordinals and their UUIDs)
 //!   launch-for MS KERNEL        (10 launches + sync, repeated for MS ms; prints n)
+//!   launch-for-each MS KERNEL   (launch-for on every visible device at once, a thread each)
 //!   graph-for MS N KERNEL       (a graph of N launches replayed for MS ms; prints replays)
 //!   steps-for MS K KERNEL GAP_US [SPIN_US] (K launches + sync + GAP_US of host time,
 //!                                repeated for MS ms; SPIN_US of host work before each
@@ -687,6 +688,75 @@ impl Driver {
         );
     }
 
+    /// [`Driver::launch_for`] on every visible device at once, a thread per device (as a
+    /// process driving several GPUs does); one `launch-for ok ... ordinal=N` line per device.
+    fn launch_for_each(&mut self, ms: u64, kernel: &str) {
+        let mut count = 0i32;
+        // SAFETY: documented signature, valid out-pointer.
+        let rc = unsafe { (self.api.device_get_count)(&mut count) };
+        let mut per = Vec::new();
+        for o in 0..if rc == 0 { count } else { 0 } {
+            self.use_device(o);
+            match self.function(kernel) {
+                Ok(f) => per.push((o, self.ctx, f)),
+                Err(rc) => self.report(
+                    rc,
+                    String::new(),
+                    format!("launch-for fail rc={rc} ordinal={o}"),
+                ),
+            }
+        }
+        let (set_ctx, launch, sync) = (
+            self.api.ctx_set_current,
+            self.api.launch_kernel,
+            self.api.ctx_synchronize,
+        );
+        let workers: Vec<_> = per
+            .into_iter()
+            .map(|(o, ctx, f)| {
+                std::thread::spawn(move || {
+                    let t = Instant::now();
+                    let null = std::ptr::null_mut();
+                    let mut n = 0u64;
+                    // SAFETY: documented driver signatures; the kernel takes no parameters.
+                    let rc = unsafe {
+                        let mut rc = set_ctx(ctx);
+                        while rc == 0 {
+                            for _ in 0..10 {
+                                rc = launch(f, 1, 1, 1, 32, 1, 1, 0, 0, null, null);
+                                if rc != 0 {
+                                    break;
+                                }
+                            }
+                            if rc == 0 {
+                                rc = sync();
+                            }
+                            if rc == 0 {
+                                n += 10;
+                            }
+                            if t.elapsed().as_millis() as u64 >= ms {
+                                break;
+                            }
+                        }
+                        rc
+                    };
+                    (o, rc, n, t.elapsed().as_secs_f64() * 1e3)
+                })
+            })
+            .collect();
+        for w in workers {
+            let Ok((o, rc, n, elapsed)) = w.join() else {
+                self.report(1, String::new(), "launch-for fail panicked".into());
+                continue;
+            };
+            self.report(
+                rc,
+                format!("launch-for ok n={n} kernel={kernel} elapsed_ms={elapsed:.1} ordinal={o}"),
+                format!("launch-for fail rc={rc} kernel={kernel} ordinal={o}"),
+            );
+        }
+    }
+
     /// A training or decoding loop: steps of `k` launches of `kernel`, a synchronisation and
     /// `gap_us` of host time (an optimizer step, data loading, a decoder's sampling), for `ms`
     /// of wall time. Every 100 ms a `steps-at mono_ms=T steps=N` line (T: CLOCK_MONOTONIC,
@@ -1061,6 +1131,12 @@ fn main() {
                     i += 1;
                     d.graph(n, &kernel, replays);
                 }
+            }
+            "launch-for-each" => {
+                let ms = num_arg(args.get(i)).unwrap_or(1000);
+                let kernel = args.get(i + 1).cloned().unwrap_or_default();
+                i += 2;
+                d.launch_for_each(ms, &kernel);
             }
             "launch-for" => {
                 let ms = num_arg(args.get(i)).unwrap_or(1000);
