@@ -1,4 +1,4 @@
-//! End-to-end on a simulated node of two GPUs (issue 14): the kernel's figures land on the
+//! End-to-end on simulated nodes of two and four GPUs (issue 14): the kernel's figures land on the
 //! physical GPU the memory is on, whatever the process's `CUDA_VISIBLE_DEVICES`; budgets
 //! and the backstop act per GPU.
 //!
@@ -18,6 +18,7 @@ use common::{Agent, Cgroup, Load, SimState, privileged, unique};
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 const UUID1: &str = "GPU-5e1a0000-0000-0000-0000-000000000001";
+const UUID3: &str = "GPU-5e1a0000-0000-0000-0000-000000000003";
 
 fn ok(out: &std::process::Output) -> String {
     assert!(
@@ -81,22 +82,30 @@ fn alloc_lines(load: &Load) -> Vec<String> {
 }
 
 #[test]
-fn privileged_two_gpus_figures_budgets_and_backstop_land_on_the_right_gpu() {
+fn privileged_two_and_four_gpus_figures_budgets_and_backstop_land_on_the_right_gpu() {
     if !privileged() {
         return;
     }
+    for gpus in [2, 4] {
+        node_of(gpus);
+    }
+}
+
+/// Every check on a node of `gpus` simulated GPUs, with an agent and state file of its own.
+fn node_of(gpus: u32) {
     let state = SimState::new();
     // SAFETY: the only test of this binary; nothing else reads the environment now.
     unsafe {
         std::env::set_var("FGPU_SIM_STATE", &state.0);
-        std::env::set_var("FGPU_SIM_DEVICES", "2");
+        std::env::set_var("FGPU_SIM_DEVICES", gpus.to_string());
         std::env::set_var("FGPU_SIM_MEMORY", "16GiB");
     }
     let agent = Agent::start();
 
     // 1. Bypassing processes: every kernel-probed allocation path, under the CUDA ordinals
     //    of `CUDA_VISIBLE_DEVICES`, lands on the physical GPU (NVML index) it is on.
-    let cases: [(Option<&str>, &[&str], u64); 5] = [
+    let uuid3 = format!("2,{UUID3}");
+    let mut cases: Vec<(Option<&str>, &[&str], u64)> = vec![
         (None, &["device", "1", "alloc", "1GiB"], 1),
         (
             Some("1"),
@@ -115,6 +124,15 @@ fn privileged_two_gpus_figures_budgets_and_backstop_land_on_the_right_gpu() {
             1,
         ),
     ];
+    if gpus == 4 {
+        cases.push((
+            Some("3,1"),
+            &["device", "1", "alloc-api", "pool", "1GiB"],
+            1,
+        ));
+        cases.push((Some(&uuid3), &["device", "1", "alloc", "1GiB"], 3));
+        cases.push((None, &["device", "3", "alloc-api", "vmm", "1GiB"], 3));
+    }
     for (visible, args, gpu) in cases {
         let cg = Cgroup::new(&unique("fgpu-e2e-mg"));
         let mut all = args.to_vec();
@@ -124,7 +142,7 @@ fn privileged_two_gpus_figures_budgets_and_backstop_land_on_the_right_gpu() {
         let want = BTreeMap::from([(gpu, GIB)]);
         agent.wait_for(
             &cg,
-            &format!("{visible:?} {args:?}: 1 GiB on GPU {gpu}"),
+            &format!("{gpus} GPUs, {visible:?} {args:?}: 1 GiB on GPU {gpu}"),
             Duration::from_secs(5),
             |s| by_gpu(s) == want,
         );
