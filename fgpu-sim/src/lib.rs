@@ -14,3 +14,4 @@ mod process;
 mod size;
 mod state;
 mod timeline;
+mod visible;
