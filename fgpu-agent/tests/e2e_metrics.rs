@@ -401,7 +401,23 @@ fn privileged_readyz_is_not_ready_before_the_probes_attach_and_the_listener_is_b
         "ready before the probes attached:\n{}",
         text()
     );
-    assert_eq!(get(&addr, "/healthz").body, "ok\n");
+    // Liveness follows the agent loop's first beat (once a second), which may come just
+    // after readiness: "starting" (still 200) until then, "ok" within a beat.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let h = get(&addr, "/healthz");
+        assert_eq!(h.code, 200, "{}", h.body);
+        if h.body == "ok\n" {
+            break;
+        }
+        assert_eq!(h.body, "starting\n");
+        assert!(
+            Instant::now() < deadline,
+            "no beat within 3 s of readiness:\n{}",
+            text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // Misbehaving clients: other routes and methods, a head too large, a client that never
     // sends its request.
