@@ -5,6 +5,7 @@
 
 mod checkpoint;
 mod claim;
+mod deviceplugin;
 mod driver;
 mod podcgroup;
 mod quantity;
@@ -65,9 +66,32 @@ pub struct KubeletPluginArgs {
     /// List the simulated driver's GPUs ($FGPU_SIM_DIR/libnvidia-ml.so.1).
     #[arg(long)]
     pub sim: bool,
+    /// Serve the device-plugin fallback instead of DRA: extended resources
+    /// <driver>/gpu-memory (units of --memory-unit) and <driver>/gpu-compute (percent), for
+    /// clusters without DRA consumable capacity. Needs fgpu's node CDI spec (`fgpu cdi
+    /// generate`) in a CDI directory.
+    #[arg(long)]
+    pub device_plugin: bool,
+    /// The kubelet's device-plugins directory (kubelet.sock and the plugins' sockets).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet/device-plugins")]
+    pub device_plugins_dir: PathBuf,
+    /// The size of one <driver>/gpu-memory unit.
+    #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = size)]
+    pub memory_unit: u64,
+    /// The CDI kind of fgpu's node spec, whose devices KIND=UUID the device plugin hands out.
+    #[arg(long, default_value = spec::DEFAULT_KIND)]
+    pub cdi_kind: String,
     /// Log filter (error, warn, info, debug, or a tracing filter).
     #[arg(long, default_value = "info")]
     pub log: String,
+}
+
+fn size(s: &str) -> Result<u64, String> {
+    match fgpu_common::quantity::parse_size(s) {
+        Ok(0) => Err("a unit of 0 bytes".into()),
+        Ok(b) => Ok(b),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 pub fn run(args: &KubeletPluginArgs) -> Result<()> {
@@ -107,7 +131,10 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
     });
     let gpus = list_gpus(args.sim)?;
     if gpus.is_empty() {
-        tracing::warn!("no GPUs found: the node's ResourceSlice has no devices");
+        tracing::warn!("no GPUs found: nothing to offer");
+    }
+    if args.device_plugin {
+        return serve_device_plugins(args, &gpus).await;
     }
     let client = match &args.api_server {
         Some(url) => {
@@ -220,6 +247,75 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
     let _ = std::fs::remove_file(&reg_sock);
     let _ = std::fs::remove_file(&dra_sock);
     result
+}
+
+async fn serve_device_plugins(args: &KubeletPluginArgs, gpus: &[slice::SliceGpu]) -> Result<()> {
+    use fgpu_kubelet_api::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
+    spec::check_kind(&args.cdi_kind).map_err(anyhow::Error::msg)?;
+    let resources = [
+        (format!("{}/gpu-memory", args.driver_name), deviceplugin::Unit::Memory(args.memory_unit)),
+        (format!("{}/gpu-compute", args.driver_name), deviceplugin::Unit::Compute),
+    ];
+    let mut servers = Vec::new();
+    for (name, unit) in resources {
+        let r = deviceplugin::Resource {
+            name: name.clone(),
+            unit,
+            gpus: gpus
+                .iter()
+                .map(|g| {
+                    let n = match unit {
+                        deviceplugin::Unit::Memory(b) => g.memory_bytes / b,
+                        deviceplugin::Unit::Compute => 100,
+                    };
+                    (g.index, g.uuid.clone(), n)
+                })
+                .collect(),
+            cdi_kind: args.cdi_kind.clone(),
+        };
+        let sock = args.device_plugins_dir.join(deviceplugin::socket_name(&name));
+        let incoming = server::bind(&sock)?;
+        tracing::info!(resource = %name, devices = r.device_ids().len(), socket = %sock.display(), "device plugin serving");
+        servers.push(tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(DevicePluginServer::new(deviceplugin::DevicePluginService(r)))
+                .serve_with_incoming(incoming),
+        ));
+    }
+    // Register, and again whenever the kubelet restarts (its socket is made anew).
+    let kubelet = args.device_plugins_dir.join("kubelet.sock");
+    let ino = |p: &Path| std::fs::metadata(p).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let mut registered: Option<u64> = None;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+        let now = ino(&kubelet);
+        if now.is_some() && now != registered {
+            let mut ok = true;
+            for name in ["gpu-memory", "gpu-compute"] {
+                let res = format!("{}/{name}", args.driver_name);
+                if let Err(err) = deviceplugin::register(&args.device_plugins_dir, &res).await {
+                    tracing::warn!("{err:#}");
+                    ok = false;
+                }
+            }
+            if ok {
+                registered = now;
+            }
+        }
+        if servers.iter().any(|s| s.is_finished()) {
+            bail!("a device-plugin server stopped");
+        }
+    }
+    for name in ["gpu-memory", "gpu-compute"] {
+        let _ = std::fs::remove_file(args.device_plugins_dir.join(deviceplugin::socket_name(&format!("{}/{name}", args.driver_name))));
+    }
+    Ok(())
 }
 
 /// The node's GPUs by NVML (the simulated driver's with `sim`). None found: an empty list.

@@ -110,3 +110,17 @@ pub fn bind(path: &Path) -> Result<tokio_stream::wrappers::UnixListenerStream> {
         .with_context(|| format!("binding {}", path.display()))?;
     Ok(tokio_stream::wrappers::UnixListenerStream::new(l))
 }
+
+/// A gRPC channel to a Unix socket.
+pub async fn connect(path: &Path) -> Result<tonic::transport::Channel> {
+    let p = path.to_path_buf();
+    tonic::transport::Endpoint::try_from("http://[::]:0")?
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let p = p.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(p).await?))
+            }
+        }))
+        .await
+        .with_context(|| format!("connecting to {}", path.display()))
+}
