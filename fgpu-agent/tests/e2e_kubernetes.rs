@@ -62,7 +62,14 @@ impl Plugin {
     fn start(dirs: &PluginDirs, agent: &Agent, api: &ApiServer, parent: &str) -> Self {
         let log = dirs.root.join(format!("{}.log", unique("plugin")));
         let child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
-            .args(["kubelet-plugin", "--sim", "--log", "info", "--node-name", "node-1"])
+            .args([
+                "kubelet-plugin",
+                "--sim",
+                "--log",
+                "info",
+                "--node-name",
+                "node-1",
+            ])
             .arg("--api-server")
             .arg(&api.url)
             .arg("--registry-dir")
@@ -97,7 +104,11 @@ impl Plugin {
             if let Ok(Some(st)) = p.child.try_wait() {
                 panic!("the plugin exited ({st}):\n{}", p.log_text());
             }
-            assert!(Instant::now() < deadline, "the plugin did not start:\n{}", p.log_text());
+            assert!(
+                Instant::now() < deadline,
+                "the plugin did not start:\n{}",
+                p.log_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         p
@@ -126,7 +137,11 @@ impl Drop for Plugin {
 /// The agent's `limit ls --json`: cgroup -> (memory bytes, compute percent) set on it.
 fn limits(agent: &Agent) -> Vec<(String, Option<u64>, Option<u64>)> {
     let out = agent.cli(&["limit", "ls", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     v.as_array()
         .unwrap()
@@ -149,7 +164,10 @@ fn limit_of(agent: &Agent, cgroup: &str) -> Option<(Option<u64>, Option<u64>)> {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -160,8 +178,14 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     let rt = rt();
     let agent = Agent::start();
     let api = ApiServer::start();
-    api.put(&claim_path("a"), &claim_json(CLAIM_A, "a", "8Gi", "30", POD_A));
-    api.put(&claim_path("b"), &claim_json(CLAIM_B, "b", "4Gi", "70", POD_B));
+    api.put(
+        &claim_path("a"),
+        &claim_json(CLAIM_A, "a", "8Gi", "30", POD_A),
+    );
+    api.put(
+        &claim_path("b"),
+        &claim_json(CLAIM_B, "b", "4Gi", "70", POD_B),
+    );
     api.put("/api/v1/nodes/node-1", r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-1","uid":"11111111-2222-3333-4444-555555555555"}}"#);
 
     // A kubelet-like cgroup tree under a test cgroup: pod A with the systemd driver
@@ -187,7 +211,9 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     ] {
         cgroups.push(Cgroup::new(&p));
     }
-    let dirs = PluginDirs { root: std::env::temp_dir().join(unique("fgpu-k8s")) };
+    let dirs = PluginDirs {
+        root: std::env::temp_dir().join(unique("fgpu-k8s")),
+    };
     std::fs::create_dir_all(&dirs.root).unwrap();
     let plugin = Plugin::start(&dirs, &agent, &api, &format!("/{base}"));
 
@@ -203,13 +229,22 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     let (target, body) = patches
         .iter()
         .find(|(t, _)| t.starts_with("/apis/resource.k8s.io/v1/resourceslices/node-1-fgpu.io"))
-        .unwrap_or_else(|| panic!("no ResourceSlice applied: {patches:?}\n{}", plugin.log_text()));
+        .unwrap_or_else(|| {
+            panic!(
+                "no ResourceSlice applied: {patches:?}\n{}",
+                plugin.log_text()
+            )
+        });
     assert!(target.contains("fieldManager=fgpu"), "{target}");
     let slice: serde_json::Value = serde_json::from_str(body).unwrap();
     let dev = &slice["spec"]["devices"][0];
     assert_eq!(dev["name"], "gpu-0");
     assert_eq!(dev["allowMultipleAllocations"], true);
-    assert_eq!(dev["capacity"]["memory"]["value"], (16 * GIB).to_string(), "the sim's 16 GiB");
+    assert_eq!(
+        dev["capacity"]["memory"]["value"],
+        (16 * GIB).to_string(),
+        "the sim's 16 GiB"
+    );
     assert_eq!(dev["capacity"]["compute"]["value"], "100");
     assert_eq!(slice["metadata"]["ownerReferences"][0]["kind"], "Node");
 
@@ -226,18 +261,30 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         assert_eq!(r.devices[0].pool_name, "node-1");
         assert_eq!(r.devices[0].device_name, "gpu-0");
         assert_eq!(r.devices[0].request_names, ["gpu"]);
-        assert_eq!(r.devices[0].cdi_device_ids, [format!("fgpu.io/claim={uid}")]);
+        assert_eq!(
+            r.devices[0].cdi_device_ids,
+            [format!("fgpu.io/claim={uid}")]
+        );
         let spec_file = dirs.cdi().join(format!("fgpu.io-claim_{uid}.json"));
-        let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(&spec_file).unwrap()).unwrap();
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&spec_file).unwrap()).unwrap();
         assert_eq!(spec["kind"], "fgpu.io/claim");
         assert_eq!(spec["devices"][0]["name"], uid);
         let env = spec["devices"][0]["containerEdits"]["env"].to_string();
         assert!(env.contains("FGPU_CLAIM=team-a/"), "{env}");
-        assert!(spec["containerEdits"]["hooks"].is_null(), "no env-driven hook: {spec}");
+        assert!(
+            spec["containerEdits"]["hooks"].is_null(),
+            "no env-driven hook: {spec}"
+        );
     }
     let a_cg = format!("/{a_pod}");
     let b_cg = format!("/{b_pod}");
-    assert_eq!(limit_of(&agent, &a_cg), Some((Some(8 * GIB), Some(30))), "{}", plugin.log_text());
+    assert_eq!(
+        limit_of(&agent, &a_cg),
+        Some((Some(8 * GIB), Some(30))),
+        "{}",
+        plugin.log_text()
+    );
     assert_eq!(limit_of(&agent, &b_cg), Some((Some(4 * GIB), Some(70))));
 
     // Workloads in the pods' containers see their pod's memory and stop at it. Pod A's two
@@ -247,22 +294,74 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     let a1 = &cgroups[4];
     let a2 = &cgroups[5];
     let b1 = &cgroups[9];
-    let mut la1 = Load::spawn_with_shim(a1, &state.0, &agent, &["info", "alloc", "7GiB", "alloc", "1GiB", "hold"]);
+    let mut la1 = Load::spawn_with_shim(
+        a1,
+        &state.0,
+        &agent,
+        &["info", "alloc", "7GiB", "alloc", "1GiB", "hold"],
+    );
     la1.expect_line("ready");
-    let mut la2 = Load::spawn_with_shim(a2, &state.0, &agent, &["alloc", "256MiB", "alloc", "256MiB", "hold"]);
+    let mut la2 = Load::spawn_with_shim(
+        a2,
+        &state.0,
+        &agent,
+        &["alloc", "256MiB", "alloc", "256MiB", "hold"],
+    );
     la2.expect_line("ready");
-    let mut lb1 = Load::spawn_with_shim(b1, &state.0, &agent, &["info", "alloc", "3GiB", "alloc", "1GiB", "hold"]);
+    let mut lb1 = Load::spawn_with_shim(
+        b1,
+        &state.0,
+        &agent,
+        &["info", "alloc", "3GiB", "alloc", "1GiB", "hold"],
+    );
     lb1.expect_line("ready");
     let show = |l: &Load| l.lines.join(" | ");
-    let allocs = |l: &Load| l.lines.iter().filter(|x| x.starts_with("alloc")).cloned().collect::<Vec<_>>();
-    let info = |l: &Load| l.lines.iter().find(|x| x.starts_with("info")).cloned().unwrap();
-    assert!(info(&la1).contains(&format!("total={}", 8 * GIB)), "{}", show(&la1));
-    assert!(info(&lb1).contains(&format!("total={}", 4 * GIB)), "{}", show(&lb1));
+    let allocs = |l: &Load| {
+        l.lines
+            .iter()
+            .filter(|x| x.starts_with("alloc"))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let info = |l: &Load| {
+        l.lines
+            .iter()
+            .find(|x| x.starts_with("info"))
+            .cloned()
+            .unwrap()
+    };
+    assert!(
+        info(&la1).contains(&format!("total={}", 8 * GIB)),
+        "{}",
+        show(&la1)
+    );
+    assert!(
+        info(&lb1).contains(&format!("total={}", 4 * GIB)),
+        "{}",
+        show(&lb1)
+    );
     let (a1s, a2s, b1s) = (allocs(&la1), allocs(&la2), allocs(&lb1));
-    assert!(a1s[0].starts_with("alloc ok") && a1s[1].contains("fail rc=2"), "{}", show(&la1));
-    assert!(a2s[0].starts_with("alloc ok") && a2s[1].contains("fail rc=2"), "one budget: {}", show(&la2));
-    assert!(b1s[0].starts_with("alloc ok") && b1s[1].contains("fail rc=2"), "{}", show(&lb1));
-    eprintln!("pod A (8Gi/30%): {} ; {}\npod B (4Gi/70%): {}", show(&la1), show(&la2), show(&lb1));
+    assert!(
+        a1s[0].starts_with("alloc ok") && a1s[1].contains("fail rc=2"),
+        "{}",
+        show(&la1)
+    );
+    assert!(
+        a2s[0].starts_with("alloc ok") && a2s[1].contains("fail rc=2"),
+        "one budget: {}",
+        show(&la2)
+    );
+    assert!(
+        b1s[0].starts_with("alloc ok") && b1s[1].contains("fail rc=2"),
+        "{}",
+        show(&lb1)
+    );
+    eprintln!(
+        "pod A (8Gi/30%): {} ; {}\npod B (4Gi/70%): {}",
+        show(&la1),
+        show(&la2),
+        show(&lb1)
+    );
 
     // A restart of the plugin: prepare again is answered from the checkpoint (the claims
     // are gone from the API server now), with the same ids, and changes no limit.
@@ -272,16 +371,27 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     let plugin = Plugin::start(&dirs, &agent, &api, &format!("/{base}"));
     let again = rt.block_on(kubelet::prepare(&plugin.dra_sock, claims.clone()));
     assert_eq!(again, resp, "{}", plugin.log_text());
-    assert_eq!(limit_of(&agent, &a_cg), Some((Some(8 * GIB), Some(30))), "not doubled");
+    assert_eq!(
+        limit_of(&agent, &a_cg),
+        Some((Some(8 * GIB), Some(30))),
+        "not doubled"
+    );
     assert_eq!(limit_of(&agent, &b_cg), Some((Some(4 * GIB), Some(70))));
 
     // A claim the API server does not have is refused with a reason, the others untouched.
     let missing = rt.block_on(kubelet::prepare(
         &plugin.dra_sock,
-        vec![kubelet::claim("team-a", "ghost", "7d1e0c2a-3333-4c8e-9f00-00000000000c")],
+        vec![kubelet::claim(
+            "team-a",
+            "ghost",
+            "7d1e0c2a-3333-4c8e-9f00-00000000000c",
+        )],
     ));
     let err = &missing.claims["7d1e0c2a-3333-4c8e-9f00-00000000000c"].error;
-    assert!(err.contains("team-a/ghost") && err.contains("API server"), "{err}");
+    assert!(
+        err.contains("team-a/ghost") && err.contains("API server"),
+        "{err}"
+    );
 
     drop((la1, la2, lb1));
     // Unprepare removes the limits and the CDI specs; again, it is a no-op.
@@ -289,7 +399,12 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         let un = rt.block_on(kubelet::unprepare(&plugin.dra_sock, claims.clone()));
         for uid in [CLAIM_A, CLAIM_B] {
             assert_eq!(un.claims[uid].error, "", "{}", plugin.log_text());
-            assert!(!dirs.cdi().join(format!("fgpu.io-claim_{uid}.json")).exists());
+            assert!(
+                !dirs
+                    .cdi()
+                    .join(format!("fgpu.io-claim_{uid}.json"))
+                    .exists()
+            );
         }
         assert_eq!(limit_of(&agent, &a_cg), None, "{:?}", limits(&agent));
         assert_eq!(limit_of(&agent, &b_cg), None);
@@ -313,7 +428,13 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
         kubelet::serve_registry(&dir.join("kubelet.sock"), registry.clone());
         let log = dir.join("plugin.log");
         let child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
-            .args(["kubelet-plugin", "--sim", "--device-plugin", "--memory-unit", "1GiB"])
+            .args([
+                "kubelet-plugin",
+                "--sim",
+                "--device-plugin",
+                "--memory-unit",
+                "1GiB",
+            ])
             .arg("--device-plugins-dir")
             .arg(&dir)
             .env("FGPU_SIM_DIR", sim_dir())
@@ -338,9 +459,17 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
         assert_eq!(names, ["fgpu.io/gpu-compute", "fgpu.io/gpu-memory"]);
         for r in &regs {
             assert_eq!(r.version, "v1beta1");
-            assert!(r.options.as_ref().unwrap().get_preferred_allocation_available);
+            assert!(
+                r.options
+                    .as_ref()
+                    .unwrap()
+                    .get_preferred_allocation_available
+            );
         }
-        let mem = regs.iter().find(|r| r.resource_name.ends_with("memory")).unwrap();
+        let mem = regs
+            .iter()
+            .find(|r| r.resource_name.ends_with("memory"))
+            .unwrap();
         let mut c = dp::device_plugin_client::DevicePluginClient::new(
             kubelet::channel(&dir.join(&mem.endpoint)).await,
         );
@@ -362,10 +491,15 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
             .into_inner();
         let chosen = &pref.container_responses[0].device_i_ds;
         assert_eq!(chosen.len(), 8);
-        assert!(chosen.iter().all(|id| id.starts_with("gpu1-")), "the GPU with most free: {chosen:?}");
+        assert!(
+            chosen.iter().all(|id| id.starts_with("gpu1-")),
+            "the GPU with most free: {chosen:?}"
+        );
         let alloc = c
             .allocate(dp::AllocateRequest {
-                container_requests: vec![dp::ContainerAllocateRequest { devices_ids: chosen.clone() }],
+                container_requests: vec![dp::ContainerAllocateRequest {
+                    devices_ids: chosen.clone(),
+                }],
             })
             .await
             .unwrap()
@@ -373,7 +507,11 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
         let a = &alloc.container_responses[0];
         assert_eq!(a.envs["FGPU_MEMORY_LIMIT"], (8 * GIB).to_string());
         assert_eq!(a.cdi_devices.len(), 1);
-        assert!(a.cdi_devices[0].name.starts_with("fgpu.io/gpu=GPU-"), "{:?}", a.cdi_devices);
+        assert!(
+            a.cdi_devices[0].name.starts_with("fgpu.io/gpu=GPU-"),
+            "{:?}",
+            a.cdi_devices
+        );
         let span = c
             .allocate(dp::AllocateRequest {
                 container_requests: vec![dp::ContainerAllocateRequest {
@@ -384,7 +522,10 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
             .unwrap_err();
         assert_eq!(span.code(), tonic::Code::InvalidArgument);
         assert!(span.message().contains("span GPUs"), "{}", span.message());
-        let comp = regs.iter().find(|r| r.resource_name.ends_with("compute")).unwrap();
+        let comp = regs
+            .iter()
+            .find(|r| r.resource_name.ends_with("compute"))
+            .unwrap();
         let mut c = dp::device_plugin_client::DevicePluginClient::new(
             kubelet::channel(&dir.join(&comp.endpoint)).await,
         );

@@ -55,16 +55,19 @@ impl Resource {
         let (g, rest) = id.strip_prefix("gpu")?.split_once('-')?;
         let k: u64 = rest.strip_prefix(self.letter())?.parse().ok()?;
         let i: u32 = g.parse().ok()?;
-        self.gpus.iter().find(|(x, _, n)| *x == i && k < *n).map(|_| i)
+        self.gpus
+            .iter()
+            .find(|(x, _, n)| *x == i && k < *n)
+            .map(|_| i)
     }
 
     /// A container's answer for `ids`, or why not.
     pub fn allocate(&self, ids: &[String]) -> Result<dp::ContainerAllocateResponse, String> {
         let mut gpu = None;
         for id in ids {
-            let g = self
-                .gpu_of(id)
-                .ok_or_else(|| format!("{}: {id:?} is not one of this plugin's devices", self.name))?;
+            let g = self.gpu_of(id).ok_or_else(|| {
+                format!("{}: {id:?} is not one of this plugin's devices", self.name)
+            })?;
             if gpu.is_some_and(|x| x != g) {
                 return Err(format!(
                     "{}: the {} units asked for span GPUs {} and {g}; fgpu gives a container a \
@@ -79,7 +82,12 @@ impl Resource {
         let Some(g) = gpu else {
             return Err(format!("{}: no devices asked for", self.name));
         };
-        let uuid = &self.gpus.iter().find(|(x, _, _)| *x == g).expect("checked above").1;
+        let uuid = &self
+            .gpus
+            .iter()
+            .find(|(x, _, _)| *x == g)
+            .expect("checked above")
+            .1;
         let n = ids.len() as u64;
         let (var, value) = match self.unit {
             Unit::Memory(b) => ("FGPU_MEMORY_LIMIT", (b * n).to_string()),
@@ -87,7 +95,9 @@ impl Resource {
         };
         Ok(dp::ContainerAllocateResponse {
             envs: HashMap::from([(var.to_string(), value)]),
-            cdi_devices: vec![dp::CdiDevice { name: format!("{}={uuid}", self.cdi_kind) }],
+            cdi_devices: vec![dp::CdiDevice {
+                name: format!("{}={uuid}", self.cdi_kind),
+            }],
             ..Default::default()
         })
     }
@@ -118,12 +128,19 @@ impl Resource {
 
 pub struct DevicePluginService(pub Resource);
 
-type Stream = Pin<Box<dyn tokio_stream::Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
+type Stream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl dp::device_plugin_server::DevicePlugin for DevicePluginService {
-    async fn get_device_plugin_options(&self, _: Request<dp::Empty>) -> Result<Response<dp::DevicePluginOptions>, Status> {
-        Ok(Response::new(dp::DevicePluginOptions { pre_start_required: false, get_preferred_allocation_available: true }))
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<dp::DevicePluginOptions>, Status> {
+        Ok(Response::new(dp::DevicePluginOptions {
+            pre_start_required: false,
+            get_preferred_allocation_available: true,
+        }))
     }
 
     type ListAndWatchStream = Stream;
@@ -133,28 +150,46 @@ impl dp::device_plugin_server::DevicePlugin for DevicePluginService {
             .0
             .device_ids()
             .into_iter()
-            .map(|id| dp::Device { id, health: "Healthy".into(), topology: None })
+            .map(|id| dp::Device {
+                id,
+                health: "Healthy".into(),
+                topology: None,
+            })
             .collect();
         let first = tokio_stream::once(Ok(dp::ListAndWatchResponse { devices }));
         // The list does not change while the plugin runs: then stay open (the kubelet takes a
         // closed stream for a plugin that went away).
         let rest = tokio_stream::pending();
-        Ok(Response::new(Box::pin(tokio_stream::StreamExt::chain(first, rest))))
+        Ok(Response::new(Box::pin(tokio_stream::StreamExt::chain(
+            first, rest,
+        ))))
     }
 
-    async fn get_preferred_allocation(&self, r: Request<dp::PreferredAllocationRequest>) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+    async fn get_preferred_allocation(
+        &self,
+        r: Request<dp::PreferredAllocationRequest>,
+    ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
         let container_responses = r
             .into_inner()
             .container_requests
             .iter()
             .map(|c| dp::ContainerPreferredAllocationResponse {
-                device_i_ds: self.0.preferred(&c.available_device_i_ds, &c.must_include_device_i_ds, c.allocation_size.max(0) as usize),
+                device_i_ds: self.0.preferred(
+                    &c.available_device_i_ds,
+                    &c.must_include_device_i_ds,
+                    c.allocation_size.max(0) as usize,
+                ),
             })
             .collect();
-        Ok(Response::new(dp::PreferredAllocationResponse { container_responses }))
+        Ok(Response::new(dp::PreferredAllocationResponse {
+            container_responses,
+        }))
     }
 
-    async fn allocate(&self, r: Request<dp::AllocateRequest>) -> Result<Response<dp::AllocateResponse>, Status> {
+    async fn allocate(
+        &self,
+        r: Request<dp::AllocateRequest>,
+    ) -> Result<Response<dp::AllocateResponse>, Status> {
         let mut container_responses = Vec::new();
         for c in r.into_inner().container_requests {
             let a = self.0.allocate(&c.devices_ids).map_err(|e| {
@@ -163,10 +198,15 @@ impl dp::device_plugin_server::DevicePlugin for DevicePluginService {
             })?;
             container_responses.push(a);
         }
-        Ok(Response::new(dp::AllocateResponse { container_responses }))
+        Ok(Response::new(dp::AllocateResponse {
+            container_responses,
+        }))
     }
 
-    async fn pre_start_container(&self, _: Request<dp::PreStartContainerRequest>) -> Result<Response<dp::PreStartContainerResponse>, Status> {
+    async fn pre_start_container(
+        &self,
+        _: Request<dp::PreStartContainerRequest>,
+    ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
         Ok(Response::new(dp::PreStartContainerResponse {}))
     }
 }
@@ -185,7 +225,10 @@ pub async fn register(dir: &Path, resource: &str) -> anyhow::Result<()> {
         version: fgpu_kubelet_api::DEVICE_PLUGIN_VERSION.into(),
         endpoint: socket_name(resource),
         resource_name: resource.to_string(),
-        options: Some(dp::DevicePluginOptions { pre_start_required: false, get_preferred_allocation_available: true }),
+        options: Some(dp::DevicePluginOptions {
+            pre_start_required: false,
+            get_preferred_allocation_available: true,
+        }),
     })
     .await
     .map_err(|s| anyhow::anyhow!("the kubelet refused {resource}: {}", s.message()))?;
@@ -214,12 +257,21 @@ mod tests {
         let a = r.allocate(&ids).unwrap();
         assert_eq!(a.envs["FGPU_MEMORY_LIMIT"], (8u64 << 30).to_string());
         assert_eq!(a.cdi_devices[0].name, "fgpu.io/gpu=GPU-b");
-        let err = r.allocate(&["gpu0-m0".into(), "gpu1-m0".into()]).unwrap_err();
+        let err = r
+            .allocate(&["gpu0-m0".into(), "gpu1-m0".into()])
+            .unwrap_err();
         assert!(err.contains("span GPUs"), "{err}");
         for bad in ["gpu9-m0", "gpu0-m16", "gpu0-c1", "x", "gpu0-m-1"] {
-            assert!(r.allocate(&[bad.into()]).unwrap_err().contains("not one of"), "{bad}");
+            assert!(
+                r.allocate(&[bad.into()])
+                    .unwrap_err()
+                    .contains("not one of"),
+                "{bad}"
+            );
         }
-        let avail: Vec<String> = ["gpu0-m0", "gpu1-m0", "gpu1-m1", "gpu1-m2"].map(String::from).to_vec();
+        let avail: Vec<String> = ["gpu0-m0", "gpu1-m0", "gpu1-m1", "gpu1-m2"]
+            .map(String::from)
+            .to_vec();
         assert_eq!(r.preferred(&avail, &[], 2), ["gpu1-m0", "gpu1-m1"]);
         assert_eq!(r.preferred(&avail, &["gpu0-m0".into()], 2), ["gpu0-m0"]);
     }

@@ -73,7 +73,11 @@ pub struct KubeletPluginArgs {
     #[arg(long)]
     pub device_plugin: bool,
     /// The kubelet's device-plugins directory (kubelet.sock and the plugins' sockets).
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/kubelet/device-plugins")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/var/lib/kubelet/device-plugins"
+    )]
     pub device_plugins_dir: PathBuf,
     /// The size of one <driver>/gpu-memory unit.
     #[arg(long, value_name = "SIZE", default_value = "1GiB", value_parser = size)]
@@ -98,6 +102,8 @@ pub fn run(args: &KubeletPluginArgs) -> Result<()> {
     crate::agent::logging::init(&args.log, crate::agent::logging::LogFormat::Text)?;
     spec::check_kind(&format!("{}/claim", args.driver_name))
         .map_err(|e| anyhow::anyhow!("--driver-name {}: {e}", args.driver_name))?;
+    // One TLS provider for the API server's connection, whatever else links rustls.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -253,8 +259,14 @@ async fn serve_device_plugins(args: &KubeletPluginArgs, gpus: &[slice::SliceGpu]
     use fgpu_kubelet_api::deviceplugin::v1beta1::device_plugin_server::DevicePluginServer;
     spec::check_kind(&args.cdi_kind).map_err(anyhow::Error::msg)?;
     let resources = [
-        (format!("{}/gpu-memory", args.driver_name), deviceplugin::Unit::Memory(args.memory_unit)),
-        (format!("{}/gpu-compute", args.driver_name), deviceplugin::Unit::Compute),
+        (
+            format!("{}/gpu-memory", args.driver_name),
+            deviceplugin::Unit::Memory(args.memory_unit),
+        ),
+        (
+            format!("{}/gpu-compute", args.driver_name),
+            deviceplugin::Unit::Compute,
+        ),
     ];
     let mut servers = Vec::new();
     for (name, unit) in resources {
@@ -273,18 +285,26 @@ async fn serve_device_plugins(args: &KubeletPluginArgs, gpus: &[slice::SliceGpu]
                 .collect(),
             cdi_kind: args.cdi_kind.clone(),
         };
-        let sock = args.device_plugins_dir.join(deviceplugin::socket_name(&name));
+        let sock = args
+            .device_plugins_dir
+            .join(deviceplugin::socket_name(&name));
         let incoming = server::bind(&sock)?;
         tracing::info!(resource = %name, devices = r.device_ids().len(), socket = %sock.display(), "device plugin serving");
         servers.push(tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(DevicePluginServer::new(deviceplugin::DevicePluginService(r)))
+                .add_service(DevicePluginServer::new(deviceplugin::DevicePluginService(
+                    r,
+                )))
                 .serve_with_incoming(incoming),
         ));
     }
     // Register, and again whenever the kubelet restarts (its socket is made anew).
     let kubelet = args.device_plugins_dir.join("kubelet.sock");
-    let ino = |p: &Path| std::fs::metadata(p).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    let ino = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+    };
     let mut registered: Option<u64> = None;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -313,7 +333,9 @@ async fn serve_device_plugins(args: &KubeletPluginArgs, gpus: &[slice::SliceGpu]
         }
     }
     for name in ["gpu-memory", "gpu-compute"] {
-        let _ = std::fs::remove_file(args.device_plugins_dir.join(deviceplugin::socket_name(&format!("{}/{name}", args.driver_name))));
+        let _ = std::fs::remove_file(args.device_plugins_dir.join(deviceplugin::socket_name(
+            &format!("{}/{name}", args.driver_name),
+        )));
     }
     Ok(())
 }

@@ -118,7 +118,9 @@ pub async fn connect(path: &Path) -> Result<tonic::transport::Channel> {
         .connect_with_connector(tower::service_fn(move |_: http::Uri| {
             let p = p.clone();
             async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(p).await?))
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(p).await?,
+                ))
             }
         }))
         .await

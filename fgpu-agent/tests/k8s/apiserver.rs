@@ -38,7 +38,11 @@ impl ApiServer {
 
     /// Serves `json` at `path` (e.g. /apis/resource.k8s.io/v1/namespaces/NS/resourceclaims/N).
     pub fn put(&self, path: &str, json: &str) {
-        self.shared.lock().unwrap().objects.insert(path.to_string(), json.to_string());
+        self.shared
+            .lock()
+            .unwrap()
+            .objects
+            .insert(path.to_string(), json.to_string());
     }
 
     pub fn remove(&self, path: &str) {

@@ -45,7 +45,10 @@ pub fn claim(namespace: &str, name: &str, uid: &str) -> dra::Claim {
     }
 }
 
-pub async fn prepare(dra_sock: &Path, claims: Vec<dra::Claim>) -> dra::NodePrepareResourcesResponse {
+pub async fn prepare(
+    dra_sock: &Path,
+    claims: Vec<dra::Claim>,
+) -> dra::NodePrepareResourcesResponse {
     let mut c = dra::dra_plugin_client::DraPluginClient::new(channel(dra_sock).await);
     c.node_prepare_resources(dra::NodePrepareResourcesRequest { claims })
         .await
