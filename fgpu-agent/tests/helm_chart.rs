@@ -93,7 +93,7 @@ fn chart_lints_renders_and_validates_strictly_against_1_34_and_1_37() {
         assert!(dra.contains(needle), "the DaemonSet lacks {needle}");
     }
     assert!(dra.contains("kind: DeviceClass") && !dp.contains("kind: DeviceClass"));
-    assert!(dp.contains("- --device-plugin") && !dra.contains("- --device-plugin"));
+    assert!(dp.contains("- --device-plugin\n") && !dra.contains("- --device-plugin\n"));
     assert!(
         !dp.contains("kind: ClusterRole"),
         "the device plugin needs no API access"
