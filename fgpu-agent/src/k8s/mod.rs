@@ -237,7 +237,7 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
         loop {
             tick.tick().await;
             n += 1;
-            d.reconcile(n % 50 == 0).await;
+            d.reconcile(n.is_multiple_of(50)).await;
         }
     };
     tracing::info!(driver = %args.driver_name, dra = %dra_sock.display(), registration = %reg_sock.display(), "kubelet plugin serving");
