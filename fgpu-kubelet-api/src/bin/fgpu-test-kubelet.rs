@@ -67,7 +67,9 @@ async fn run(args: &[String]) -> Result<(), Error> {
         "prepare" => {
             let mut c = dra::dra_plugin_client::DraPluginClient::new(channel(sock).await?);
             let r = c
-                .node_prepare_resources(dra::NodePrepareResourcesRequest { claims: claims(&args[2..])? })
+                .node_prepare_resources(dra::NodePrepareResourcesRequest {
+                    claims: claims(&args[2..])?,
+                })
                 .await?
                 .into_inner();
             for (uid, a) in r.claims {
@@ -76,13 +78,18 @@ async fn run(args: &[String]) -> Result<(), Error> {
                     .iter()
                     .map(|d| serde_json::json!({"pool": d.pool_name, "device": d.device_name, "cdi": d.cdi_device_ids}))
                     .collect();
-                println!("{}", serde_json::json!({"uid": uid, "devices": devices, "error": a.error}));
+                println!(
+                    "{}",
+                    serde_json::json!({"uid": uid, "devices": devices, "error": a.error})
+                );
             }
         }
         "unprepare" => {
             let mut c = dra::dra_plugin_client::DraPluginClient::new(channel(sock).await?);
             let r = c
-                .node_unprepare_resources(dra::NodeUnprepareResourcesRequest { claims: claims(&args[2..])? })
+                .node_unprepare_resources(dra::NodeUnprepareResourcesRequest {
+                    claims: claims(&args[2..])?,
+                })
                 .await?
                 .into_inner();
             for (uid, a) in r.claims {
@@ -96,7 +103,10 @@ async fn run(args: &[String]) -> Result<(), Error> {
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fgpu-test-kubelet: {e}");
