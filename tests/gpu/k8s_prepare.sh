@@ -88,20 +88,24 @@ row "registration: $(cat "$OUT/register.json")"
 row "slice: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["spec"]["devices"][0]; print(d["name"], d["attributes"]["productName"]["string"], "memory", d["capacity"]["memory"]["value"], "compute", d["capacity"]["compute"]["value"], "multi", d["allowMultipleAllocations"])' "$API/patched/node-1-fgpu.io.json" 2>&1)"
 timeout 20 "$KUBELET" prepare "$WORK/plugins/fgpu.io/dra.sock" "team-a/a/$CLAIM_A" "team-a/b/$CLAIM_B" | tee "$OUT/prepare.json"
 "$FGPU" limit ls --socket "$ADMIN" | tee "$OUT/limits-prepared.txt"
+while read -r cg mem cpu _; do row "limit: ${cg##*/} memory $mem compute $cpu"; done < <(grep kubepods "$OUT/limits-prepared.txt")
 
 in_cgroup() { # CGROUP CMD...
   local c=$1; shift
   sh -c "echo \$\$ > $CG/$c/cgroup.procs; exec unshare --pid --fork --mount-proc \"\$@\"" sh "$@"
 }
+wl=()
 for p in a b; do
   ctr=$A_CTR; [ $p = b ] && ctr=$B_CTR
-  LD_PRELOAD=$SHIM FGPU_SOCKET=$SOCK timeout 120 \
-    in_cgroup "$ctr" "$PY" "$B/tests/gpu/k8s_prepare_workload.py" "$p" > "$OUT/workload-$p.json" 2> "$OUT/workload-$p.log" &
+  LD_PRELOAD=$SHIM FGPU_SOCKET=$SOCK \
+    in_cgroup "$ctr" timeout 120 "$PY" "$B/tests/gpu/k8s_prepare_workload.py" "$p" > "$OUT/workload-$p.json" 2> "$OUT/workload-$p.log" &
+  wl+=($!)
 done
-wait_jobs() { for _ in $(seq 1200); do [ -s "$OUT/workload-a.json" ] && [ -s "$OUT/workload-b.json" ] && return; sleep 0.1; done; }
-wait_jobs
+wait "${wl[@]}"
 for p in a b; do
-  row "pod $p: $(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read()); print("mem_get_info total=%.2f GiB, OOM after %.1f GiB (%d x 512 MiB) [%s]" % (d["total"]/2**30, d["allocated"]/2**30, d["blocks_512mib"], d["error"][:60]))' "$OUT/workload-$p.json" 2>&1 || tail -3 "$OUT/workload-$p.log")"
+  r=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read()); print("mem_get_info total=%.2f GiB, OOM after %.1f GiB (%d x 512 MiB) [%s]" % (d["total"]/2**30, d["allocated"]/2**30, d["blocks_512mib"], d["error"][:60]))' "$OUT/workload-$p.json" 2>/dev/null) \
+    || r="no result: $(tail -1 "$OUT/workload-$p.log")"
+  row "pod $p: $r"
 done
 
 # A plugin restart answers prepare from its checkpoint (the claims gone from the API).
