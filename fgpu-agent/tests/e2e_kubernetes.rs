@@ -196,7 +196,7 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         POD_A.replace('-', "_")
     );
     let b_pod = format!("{base}/kubepods/besteffort/pod{POD_B}");
-    let mut cgroups = Vec::new();
+    let mut cgroups = Tree(Vec::new());
     for p in [
         base.clone(),
         format!("{base}/kubepods.slice"),
@@ -209,7 +209,7 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         b_pod.clone(),
         format!("{b_pod}/{}", "b1".repeat(32)),
     ] {
-        cgroups.push(Cgroup::new(&p));
+        cgroups.0.push(Cgroup::new(&p));
     }
     let dirs = PluginDirs {
         root: std::env::temp_dir().join(unique("fgpu-k8s")),
@@ -287,13 +287,50 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     );
     assert_eq!(limit_of(&agent, &b_cg), Some((Some(4 * GIB), Some(70))));
 
+    // `pod:` targets: by UID, and by namespace/name through the API server.
+    api.put(
+        "/api/v1/namespaces/team-a/pods/pod-b",
+        &format!(r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"pod-b","namespace":"team-a","uid":"{POD_B}"}}}}"#),
+    );
+    for (target, cg) in [
+        (format!("pod:{POD_A}"), &a_cg),
+        ("pod:team-a/pod-b".to_string(), &b_cg),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_fgpu"))
+            .args(["limit", "get", &target, "--json", "--socket"])
+            .arg(&agent.admin)
+            .env("FGPU_KUBEPODS_PARENT", format!("/{base}"))
+            .env("FGPU_API_SERVER", &api.url)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{target}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(e["cgroup"], cg.as_str(), "{target}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_fgpu"))
+        .args(["limit", "get", "pod:team-a/nobody", "--socket"])
+        .arg(&agent.admin)
+        .env("FGPU_API_SERVER", &api.url)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("pod:team-a/nobody"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // Workloads in the pods' containers see their pod's memory and stop at it. Pod A's two
     // containers share its 8 GiB: a1 takes 7 GiB (+300 MiB context), so a2 (+300 MiB) has
     // 424 MiB left, where alone it would have had 7.7 GiB.
     let state = SimState::new();
-    let a1 = &cgroups[4];
-    let a2 = &cgroups[5];
-    let b1 = &cgroups[9];
+    let a1 = &cgroups.0[4];
+    let a2 = &cgroups.0[5];
+    let b1 = &cgroups.0[9];
     let mut la1 = Load::spawn_with_shim(
         a1,
         &state.0,
@@ -410,9 +447,7 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         assert_eq!(limit_of(&agent, &b_cg), None);
     }
     plugin.stop();
-    while let Some(cg) = cgroups.pop() {
-        drop(cg);
-    }
+    drop(cgroups);
     let _ = std::fs::remove_dir_all(&dirs.root);
 }
 
@@ -549,5 +584,16 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// Nested cgroups, removed children first (also when a test fails).
+struct Tree(Vec<Cgroup>);
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        while let Some(cg) = self.0.pop() {
+            drop(cg);
+        }
     }
 }

@@ -11,6 +11,7 @@ mod podcgroup;
 mod quantity;
 mod server;
 mod slice;
+pub mod target;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
