@@ -247,6 +247,7 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     );
     assert_eq!(dev["capacity"]["compute"]["value"], "100");
     assert_eq!(slice["metadata"]["ownerReferences"][0]["kind"], "Node");
+    validate_slice(body);
 
     // Prepare both claims.
     let claims = vec![
@@ -596,4 +597,39 @@ impl Drop for Tree {
             drop(cg);
         }
     }
+}
+
+/// The applied ResourceSlice passes `kubernetes-validate --strict` against 1.34 and 1.37,
+/// where the tool is installed (deploy/helm/fetch-tools.sh; fgpu-agent/tests/helm_chart.rs
+/// requires it in CI).
+fn validate_slice(body: &str) {
+    let tool = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain([PathBuf::from("/opt/fgpu-k8s-tools")])
+        .map(|d| d.join("kubernetes-validate"))
+        .find(|p| p.is_file());
+    let Some(tool) = tool else {
+        eprintln!("SKIPPED: the slice's schema check (kubernetes-validate not installed)");
+        return;
+    };
+    let file = std::env::temp_dir()
+        .join(unique("fgpu-slice"))
+        .with_extension("json");
+    std::fs::write(&file, body).unwrap();
+    for v in ["1.34.0", "1.37.0"] {
+        let out = Command::new(&tool)
+            .args(["--strict", "-k", v])
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "the ResourceSlice fails {v}'s schema: {}{}\n{body}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let _ = std::fs::remove_file(&file);
 }

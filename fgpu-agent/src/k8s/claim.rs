@@ -25,7 +25,7 @@ pub struct Plan {
     pub requests: Vec<String>,
     /// Consumed memory, bytes; `None`: the whole GPU (no consumable capacity on the result).
     pub memory_bytes: Option<u64>,
-    /// Consumed compute, percent; `None`: the whole GPU.
+    /// Consumed compute, percent (0: no guaranteed share); `None`: the whole GPU.
     pub compute_pct: Option<u8>,
     /// The UIDs of the pods in `status.reservedFor`.
     pub pods: Vec<String>,
@@ -94,8 +94,8 @@ pub fn plan(claim: &ResourceClaim, driver: &str, expect_uid: &str) -> Result<Opt
     };
     let compute_pct = match compute {
         None => None,
-        // All of it, or none asked for: no compute share of its own.
-        Some(c) if c >= 100 || c == 0 => None,
+        // All of it: the whole GPU, no share to hold.
+        Some(c) if c >= 100 => None,
         Some(c) => Some(c as u8),
     };
     let pods: Vec<String> = status

@@ -198,7 +198,8 @@ impl Driver {
         let compute = plans
             .iter()
             .try_fold(0u32, |acc, p| p.compute_pct.map(|c| acc + u32::from(c)))
-            .filter(|c| *c < 100)
+            // 0: no share of its own; 100 or more: the whole GPU, nothing to hold.
+            .filter(|c| *c > 0 && *c < 100)
             .map(|c| c as u8);
         Some(Limit {
             memory_bytes: memory,
