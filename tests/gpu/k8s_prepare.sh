@@ -85,7 +85,7 @@ plugin() {
 plugin
 timeout 10 "$KUBELET" register "$WORK/plugins_registry/fgpu.io-reg.sock" | tee "$OUT/register.json"
 row "registration: $(cat "$OUT/register.json")"
-row "slice: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["spec"]["devices"][0]; print(d["name"], d["attributes"]["productName"]["string"], "memory", d["capacity"]["memory"]["value"], "compute", d["capacity"]["compute"]["value"], "multi", d["allowMultipleAllocations"])' "$API/patched/node-1-fgpu.io.json" 2>&1)"
+row "slice: $("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1]))["spec"]["devices"][0]; print(d["name"], d["attributes"]["productName"]["string"], "memory", d["capacity"]["memory"]["value"], "compute", d["capacity"]["compute"]["value"], "multi", d["allowMultipleAllocations"])' "$API/patched/node-1-fgpu.io.json" 2>&1)"
 timeout 20 "$KUBELET" prepare "$WORK/plugins/fgpu.io/dra.sock" "team-a/a/$CLAIM_A" "team-a/b/$CLAIM_B" | tee "$OUT/prepare.json"
 "$FGPU" limit ls --socket "$ADMIN" | tee "$OUT/limits-prepared.txt"
 while read -r cg mem cpu _; do row "limit: ${cg##*/} memory $mem compute $cpu"; done < <(grep kubepods "$OUT/limits-prepared.txt")
@@ -103,7 +103,7 @@ for p in a b; do
 done
 wait "${wl[@]}"
 for p in a b; do
-  r=$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read()); print("mem_get_info total=%.2f GiB, OOM after %.1f GiB (%d x 512 MiB) [%s]" % (d["total"]/2**30, d["allocated"]/2**30, d["blocks_512mib"], d["error"][:60]))' "$OUT/workload-$p.json" 2>/dev/null) \
+  r=$("$PY" -c 'import json,sys; d=json.loads(open(sys.argv[1]).read()); print("mem_get_info total=%.2f GiB, OOM after %.1f GiB (%d x 512 MiB) [%s]" % (d["total"]/2**30, d["allocated"]/2**30, d["blocks_512mib"], d["error"][:60]))' "$OUT/workload-$p.json" 2>/dev/null) \
     || r="no result: $(tail -1 "$OUT/workload-$p.log")"
   row "pod $p: $r"
 done
