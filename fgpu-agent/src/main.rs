@@ -4,6 +4,7 @@ mod agent;
 mod api;
 mod cdi;
 mod cli;
+mod k8s;
 mod statefile;
 mod status;
 
@@ -53,6 +54,9 @@ enum Command {
     Cdi(cdi::CdiArgs),
     /// A live view of the containers using the GPUs: memory against limits, compute shares, denials.
     Top(cli::top::TopArgs),
+    /// Kubernetes: the DRA kubelet plugin (driver fgpu.io) that turns ResourceClaims'
+    /// consumed memory and compute into limits on their pods' cgroups (docs/kubernetes.md).
+    KubeletPlugin(k8s::KubeletPluginArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -63,6 +67,7 @@ fn main() -> std::process::ExitCode {
         Command::Limit(args) => cli::limit::run(&args),
         Command::Cdi(args) => cdi::run(&args),
         Command::Top(args) => cli::top::run(&args),
+        Command::KubeletPlugin(args) => k8s::run(&args),
         Command::Run(args) => match cli::run::run(&args) {
             Ok(code) => return code,
             Err(err) => Err(err),

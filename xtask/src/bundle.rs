@@ -36,6 +36,7 @@ pub fn run(args: &BundleArgs) -> Result<()> {
     let strip = find_tool(&["strip"]).context("`strip` not found: install binutils")?;
     let binaries = [
         ("fgpu", "bin/fgpu"),
+        ("fgpu-test-kubelet", "bin/fgpu-test-kubelet"),
         ("libfgpu.so", "lib/libfgpu.so"),
         ("libfgpu_sim.so", "sim/libcuda.so.1"),
         ("libfgpu_sim.so", "sim/libnvidia-ml.so.1"),

@@ -21,7 +21,7 @@ mod hostns;
 mod kernel;
 mod ledgers;
 mod limits;
-mod logging;
+pub(crate) mod logging;
 pub(crate) mod metrics;
 mod peer;
 mod pins;

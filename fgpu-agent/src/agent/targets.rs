@@ -31,7 +31,9 @@ pub fn resolve(target: &str, mount: &Path) -> Result<String> {
     if let Some((kind, _)) = target.split_once(':')
         && kind == "pod"
     {
-        bail!("'{target}': {kind}: targets are not supported yet; give the cgroup path");
+        bail!(
+            "'{target}': {kind}: targets are resolved by the CLI (`fgpu limit ... pod:NAMESPACE/NAME`); give the agent the cgroup path"
+        );
     }
     let as_path = Path::new(target);
     let rel = as_path.strip_prefix(mount).unwrap_or(as_path);
@@ -90,7 +92,7 @@ mod tests {
             resolve("pod:ns/name", &m)
                 .unwrap_err()
                 .to_string()
-                .contains("not supported yet")
+                .contains("resolved by the CLI")
         );
     }
 

@@ -151,7 +151,7 @@ fn abs(p: &Path) -> Result<String> {
 }
 
 /// Writes `bytes` to `path` atomically (a temporary file renamed over it), mode 0644.
-fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }

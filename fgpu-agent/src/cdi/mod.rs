@@ -3,7 +3,7 @@
 //! (`fgpu.io/gpu=0|UUID|all`) inject the shim, the containers' socket and a `createRuntime`
 //! hook; `hook` is that hook, run by the runtime on the host. docs/containers.md.
 
-mod generate;
+pub(crate) mod generate;
 pub mod hook;
 pub mod spec;
 

@@ -13,7 +13,8 @@ use crate::api::{Limit, LimitEntry, LimitSetRequest, TargetRequest};
 
 const TARGET_HELP: &str = "A cgroup v2 path (/sys/fs/cgroup/..., /kubepods.slice/..., or \
                            relative to the cgroup root), pid:PID (that process's cgroup) or container:ID (a docker, podman, \
-                           containerd or CRI-O container's cgroup, by id or unique prefix)";
+                           containerd or CRI-O container's cgroup, by id or unique prefix), pod:NAMESPACE/NAME or pod:UID (a Kubernetes \
+                           pod's cgroup: all its containers under one limit)";
 
 #[derive(Debug, Args)]
 pub struct LimitArgs {
@@ -88,7 +89,7 @@ pub fn run(args: &LimitArgs) -> Result<()> {
                 anyhow::bail!("nothing to set: give --memory, --compute or --compute-cap");
             }
             let req = LimitSetRequest {
-                target: target.clone(),
+                target: crate::k8s::target::resolve(target)?,
                 limit: Limit {
                     memory_bytes: *memory,
                     compute_pct: *compute,
@@ -101,7 +102,7 @@ pub fn run(args: &LimitArgs) -> Result<()> {
         }
         LimitCommand::Get { target, json } => {
             let req = TargetRequest {
-                target: target.clone(),
+                target: crate::k8s::target::resolve(target)?,
             };
             let entry: LimitEntry = parse(&ask(Kind::LimitGet, serde_json::to_vec(&req)?)?)?;
             if *json {
@@ -122,7 +123,7 @@ pub fn run(args: &LimitArgs) -> Result<()> {
         }
         LimitCommand::Rm { target } => {
             let req = TargetRequest {
-                target: target.clone(),
+                target: crate::k8s::target::resolve(target)?,
             };
             let entry: LimitEntry = parse(&ask(Kind::LimitRemove, serde_json::to_vec(&req)?)?)?;
             println!("removed the limits of {}", entry.cgroup);

@@ -1,0 +1,285 @@
+//! The DRA driver's node side: prepare a claim (fetch it, read what it consumes and which pods
+//! it is for, write its CDI spec, checkpoint it, put the limits on the pods' cgroups through
+//! the agent) and unprepare it. A pod's limit is the sum of the claims prepared for it, set
+//! on the pod's cgroup, so all its containers share one budget (hierarchical limits), and
+//! bound to the cgroup's life. A pod whose cgroup does not exist yet is limited as soon as it
+//! appears ([`Driver::reconcile`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use fgpu_common::proto::Kind;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use super::checkpoint::{Checkpoint, Prepared};
+use super::claim::{self, Plan};
+use super::podcgroup;
+use crate::api::{Limit, LimitSetRequest, TargetRequest};
+use crate::cdi::spec;
+
+/// What the driver needs to know about the node.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub driver: String,
+    /// The agent's admin socket.
+    pub admin_socket: PathBuf,
+    /// The cgroup v2 mount, and the cgroup (relative to it) that holds `kubepods*`.
+    pub cgroup_mount: PathBuf,
+    pub cgroup_parent: String,
+    pub cdi_dir: PathBuf,
+    /// The CDI spec's common part (shim, containers' socket, preload), per GPU device name.
+    pub spec_inputs: spec::Inputs,
+    /// fgpu's device names (`gpu-<index>`) and their GPUs.
+    pub gpus: BTreeMap<String, spec::Gpu>,
+}
+
+pub struct Driver {
+    pub cfg: Config,
+    pub client: Option<kube::Client>,
+    state: tokio::sync::Mutex<State>,
+}
+
+struct State {
+    ckpt: Checkpoint,
+    /// Pods whose limit is on their cgroup now: pod UID -> (cgroup, limit).
+    applied: BTreeMap<String, (String, Limit)>,
+}
+
+/// The kind of fgpu's per-claim CDI devices: `<driver>/claim=<claim UID>`.
+pub fn cdi_kind(driver: &str) -> String {
+    format!("{driver}/claim")
+}
+
+impl Driver {
+    pub fn new(cfg: Config, client: Option<kube::Client>, ckpt: Checkpoint) -> Self {
+        Self {
+            cfg,
+            client,
+            state: tokio::sync::Mutex::new(State {
+                ckpt,
+                applied: BTreeMap::new(),
+            }),
+        }
+    }
+
+    async fn fetch(&self, namespace: &str, name: &str) -> Result<ResourceClaim> {
+        let client = self
+            .client
+            .clone()
+            .context("no API server configured (run in a pod, or give --kubeconfig)")?;
+        let api: kube::Api<ResourceClaim> = kube::Api::namespaced(client, namespace);
+        api.get(name).await.with_context(|| {
+            format!("getting ResourceClaim {namespace}/{name} from the API server")
+        })
+    }
+
+    /// Prepares one claim: its CDI ids, or why not. Idempotent.
+    pub async fn prepare(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Option<Prepared>> {
+        {
+            let mut st = self.state.lock().await;
+            if let Some(p) = st.ckpt.claims.get(uid).cloned() {
+                // Prepared before (perhaps before a restart): the same answer, limits put back.
+                for pod in &p.plan.pods {
+                    self.ensure_pod(&mut st, pod)?;
+                }
+                return Ok(Some(p));
+            }
+        }
+        let claim = self.fetch(namespace, name).await?;
+        let Some(plan) = claim::plan(&claim, &self.cfg.driver, uid)? else {
+            return Ok(None);
+        };
+        let gpu = self.cfg.gpus.get(&plan.device).with_context(|| {
+            format!(
+                "the claim was allocated device {}, which this node does not have",
+                plan.device
+            )
+        })?;
+        let spec_file = self
+            .cfg
+            .cdi_dir
+            .join(format!("{}-claim_{uid}.json", self.cfg.driver));
+        let cdi_ids = vec![format!("{}={uid}", cdi_kind(&self.cfg.driver))];
+        let json = claim_spec(&self.cfg, &plan, gpu)?;
+        crate::cdi::generate::write_file(&spec_file, &json)?;
+        let prepared = Prepared {
+            plan,
+            cdi_ids,
+            spec_file,
+        };
+        let mut st = self.state.lock().await;
+        st.ckpt.claims.insert(uid.to_string(), prepared.clone());
+        st.ckpt.save()?;
+        for pod in &prepared.plan.pods {
+            self.ensure_pod(&mut st, pod)?;
+        }
+        tracing::info!(
+            claim = %format!("{namespace}/{name}"), uid, device = %prepared.plan.device,
+            memory = ?prepared.plan.memory_bytes, compute = ?prepared.plan.compute_pct,
+            pods = ?prepared.plan.pods, "claim prepared"
+        );
+        Ok(Some(prepared))
+    }
+
+    /// Unprepares one claim. Idempotent: a claim it does not know is done already.
+    pub async fn unprepare(&self, uid: &str) -> Result<()> {
+        let mut st = self.state.lock().await;
+        let Some(p) = st.ckpt.claims.remove(uid) else {
+            return Ok(());
+        };
+        match std::fs::remove_file(&p.spec_file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", p.spec_file.display())),
+        }
+        st.ckpt.save()?;
+        for pod in &p.plan.pods {
+            self.ensure_pod(&mut st, pod)?;
+        }
+        tracing::info!(uid, "claim unprepared");
+        Ok(())
+    }
+
+    /// Every pod with prepared claims gets its limit, once its cgroup exists; a limit set
+    /// before is set again every `reassert` call (the agent may have restarted).
+    pub async fn reconcile(&self, reassert: bool) {
+        let mut st = self.state.lock().await;
+        let pods: BTreeSet<String> = st
+            .ckpt
+            .claims
+            .values()
+            .flat_map(|p| p.plan.pods.iter().cloned())
+            .collect();
+        for pod in pods {
+            let gone = st.applied.get(&pod).is_some_and(|(cg, _)| {
+                !self
+                    .cfg
+                    .cgroup_mount
+                    .join(cg.trim_start_matches('/'))
+                    .is_dir()
+            });
+            if gone {
+                st.applied.remove(&pod);
+            }
+            if reassert || !st.applied.contains_key(&pod) {
+                if reassert {
+                    st.applied.remove(&pod);
+                }
+                if let Err(err) = self.ensure_pod(&mut st, &pod) {
+                    tracing::warn!(pod, "cannot limit the pod: {err:#}");
+                }
+            }
+        }
+    }
+
+    /// The pod's limit: the sum of its prepared claims' capacities (a claim without a memory
+    /// figure is the whole GPU: no memory limit). `None`: no claims left.
+    fn pod_limit(st: &State, pod: &str) -> Option<Limit> {
+        let plans: Vec<&Plan> = st
+            .ckpt
+            .claims
+            .values()
+            .map(|p| &p.plan)
+            .filter(|p| p.pods.iter().any(|x| x == pod))
+            .collect();
+        if plans.is_empty() {
+            return None;
+        }
+        let memory = plans
+            .iter()
+            .try_fold(0u64, |acc, p| p.memory_bytes.map(|m| acc.saturating_add(m)));
+        let compute = plans
+            .iter()
+            .try_fold(0u32, |acc, p| p.compute_pct.map(|c| acc + u32::from(c)))
+            // 0: no share of its own; 100 or more: the whole GPU, nothing to hold.
+            .filter(|c| *c > 0 && *c < 100)
+            .map(|c| c as u8);
+        Some(Limit {
+            memory_bytes: memory,
+            compute_pct: compute,
+            compute_cap_pct: None,
+        })
+    }
+
+    fn ensure_pod(&self, st: &mut State, pod: &str) -> Result<()> {
+        let want = Self::pod_limit(st, pod);
+        let found = podcgroup::find(&self.cfg.cgroup_mount, &self.cfg.cgroup_parent, pod);
+        match (want, found) {
+            (Some(limit), Some(cg)) => {
+                if st.applied.get(pod) == Some(&(cg.clone(), limit.clone())) {
+                    return Ok(());
+                }
+                let req = LimitSetRequest {
+                    target: cg.clone(),
+                    limit: limit.clone(),
+                    until_cgroup_removed: true,
+                };
+                self.ask(Kind::LimitSet, serde_json::to_vec(&req)?)
+                    .with_context(|| format!("setting pod {pod}'s limit on {cg}"))?;
+                tracing::info!(pod, cgroup = %cg, memory = ?limit.memory_bytes, compute = ?limit.compute_pct, "pod limited");
+                st.applied.insert(pod.to_string(), (cg, limit));
+            }
+            (Some(_), None) => {
+                tracing::info!(
+                    pod,
+                    "the pod's cgroup does not exist yet: limited when it appears"
+                );
+                st.applied.remove(pod);
+            }
+            (None, Some(cg)) => {
+                st.applied.remove(pod);
+                let req = TargetRequest { target: cg.clone() };
+                if let Err(err) = self.ask(Kind::LimitRemove, serde_json::to_vec(&req)?) {
+                    tracing::debug!(pod, "removing the limit on {cg}: {err:#}");
+                }
+            }
+            (None, None) => {
+                st.applied.remove(pod);
+            }
+        }
+        Ok(())
+    }
+
+    fn ask(&self, kind: Kind, body: Vec<u8>) -> Result<Bytes> {
+        crate::cli::client::request(
+            &self.cfg.admin_socket,
+            kind,
+            Bytes::from(body),
+            Kind::LimitReply,
+        )
+    }
+}
+
+/// The claim's CDI spec: one device named after the claim UID, with the shim, the
+/// containers' socket and preload of fgpu's node spec, and the claim's GPU. No hook: the
+/// limit is held on the pod's cgroup by the driver, not taken from the environment.
+fn claim_spec(cfg: &Config, plan: &Plan, gpu: &spec::Gpu) -> Result<Vec<u8>> {
+    let mut inputs = cfg.spec_inputs.clone();
+    inputs.kind = cdi_kind(&cfg.driver);
+    inputs.gpus = vec![gpu.clone()];
+    let mut s = spec::build(&inputs);
+    s.container_edits.hooks.clear();
+    let mut edits = s
+        .devices
+        .iter()
+        .find(|d| d.name == gpu.uuid)
+        .map(|d| d.container_edits.clone())
+        .unwrap_or_default();
+    edits
+        .env
+        .push(format!("FGPU_CLAIM={}/{}", plan.namespace, plan.name));
+    s.devices = vec![spec::Device {
+        name: plan.uid.clone(),
+        container_edits: edits,
+    }];
+    let mut json = serde_json::to_vec_pretty(&s)?;
+    json.push(b'\n');
+    Ok(json)
+}

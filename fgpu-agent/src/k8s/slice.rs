@@ -1,0 +1,182 @@
+//! The node's ResourceSlice: one device per GPU (`gpu-<index>`), shareable by capacity
+//! (`allowMultipleAllocations: true`, KEP-5075 consumable capacity) with capacities `memory`
+//! (bytes; requests rounded up to a step) and `compute` (percent), and attributes `uuid`,
+//! `productName`, `driverVersion`. Published with server-side apply, owned by the Node.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::resource::v1 as r;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::claim::{COMPUTE, MEMORY};
+use super::quantity;
+
+/// One GPU as the slice shows it.
+#[derive(Debug, Clone)]
+pub struct SliceGpu {
+    pub index: u32,
+    pub uuid: String,
+    pub product: String,
+    pub driver_version: String,
+    pub memory_bytes: u64,
+}
+
+/// The step memory requests are rounded up to (and the least one).
+pub const MEMORY_STEP: u64 = 256 << 20;
+
+pub fn device_name(index: u32) -> String {
+    format!("gpu-{index}")
+}
+
+pub fn slice_name(node: &str, driver: &str) -> String {
+    format!("{node}-{}", driver.replace('/', "-"))
+}
+
+pub fn build(node: &str, driver: &str, gpus: &[SliceGpu]) -> r::ResourceSlice {
+    let q = |s: String| Quantity(s);
+    let devices = gpus
+        .iter()
+        .map(|g| {
+            let attr = |s: &str| r::DeviceAttribute {
+                string: Some(s.to_string()),
+                ..Default::default()
+            };
+            let attributes = BTreeMap::from([
+                ("uuid".to_string(), attr(&g.uuid)),
+                ("productName".to_string(), attr(&g.product)),
+                ("driverVersion".to_string(), attr(&g.driver_version)),
+            ]);
+            let memory = r::DeviceCapacity {
+                value: q(g.memory_bytes.to_string()),
+                request_policy: Some(r::CapacityRequestPolicy {
+                    // A claim that names no memory takes the whole GPU's.
+                    default: Some(q(g.memory_bytes.to_string())),
+                    valid_range: Some(r::CapacityRequestPolicyRange {
+                        min: q(quantity::bytes(MEMORY_STEP)),
+                        max: None,
+                        step: Some(q(quantity::bytes(MEMORY_STEP))),
+                    }),
+                    valid_values: None,
+                }),
+            };
+            let compute = r::DeviceCapacity {
+                value: q("100".into()),
+                request_policy: Some(r::CapacityRequestPolicy {
+                    // A claim that names no compute gets no guaranteed share (it runs in
+                    // what the others leave).
+                    default: Some(q("0".into())),
+                    valid_range: Some(r::CapacityRequestPolicyRange {
+                        min: q("0".into()),
+                        max: Some(q("100".into())),
+                        step: Some(q("1".into())),
+                    }),
+                    valid_values: None,
+                }),
+            };
+            r::Device {
+                name: device_name(g.index),
+                allow_multiple_allocations: Some(true),
+                attributes: Some(attributes),
+                capacity: Some(BTreeMap::from([
+                    (MEMORY.to_string(), memory),
+                    (COMPUTE.to_string(), compute),
+                ])),
+                ..Default::default()
+            }
+        })
+        .collect();
+    r::ResourceSlice {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(slice_name(node, driver)),
+            ..Default::default()
+        },
+        spec: r::ResourceSliceSpec {
+            driver: driver.to_string(),
+            node_name: Some(node.to_string()),
+            pool: r::ResourcePool {
+                name: node.to_string(),
+                generation: 1,
+                resource_slice_count: 1,
+            },
+            devices: Some(devices),
+            ..Default::default()
+        },
+    }
+}
+
+/// Applies the slice (server-side apply, field manager `fgpu`), owned by the Node when the
+/// Node can be read (so it goes with the Node).
+pub async fn publish(
+    client: &kube::Client,
+    node: &str,
+    driver: &str,
+    gpus: &[SliceGpu],
+) -> Result<()> {
+    let mut slice = build(node, driver, gpus);
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    match nodes.get(node).await {
+        Ok(n) => {
+            if let Some(uid) = n.metadata.uid {
+                slice.metadata.owner_references = Some(vec![
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "Node".into(),
+                        name: node.to_string(),
+                        uid,
+                        controller: Some(true),
+                        ..Default::default()
+                    },
+                ]);
+            }
+        }
+        Err(err) => tracing::warn!(
+            node,
+            "cannot read the Node (the slice gets no owner): {err}"
+        ),
+    }
+    let mut value = serde_json::to_value(&slice)?;
+    value["apiVersion"] = "resource.k8s.io/v1".into();
+    value["kind"] = "ResourceSlice".into();
+    let api: kube::Api<r::ResourceSlice> = kube::Api::all(client.clone());
+    let name = slice_name(node, driver);
+    api.patch(
+        &name,
+        &kube::api::PatchParams::apply("fgpu").force(),
+        &kube::api::Patch::Apply(&value),
+    )
+    .await
+    .with_context(|| format!("publishing ResourceSlice {name}"))?;
+    tracing::info!(slice = %name, devices = gpus.len(), "ResourceSlice published");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_shareable_device_per_gpu() {
+        let g = SliceGpu {
+            index: 0,
+            uuid: "GPU-x".into(),
+            product: "NVIDIA H200".into(),
+            driver_version: "580.65.06".into(),
+            memory_bytes: 80 << 30,
+        };
+        let s = build("node-1", "fgpu.io", &[g]);
+        let v = serde_json::to_value(&s).unwrap();
+        let d = &v["spec"]["devices"][0];
+        assert_eq!(d["name"], "gpu-0");
+        assert_eq!(d["allowMultipleAllocations"], true);
+        assert_eq!(d["capacity"]["memory"]["value"], (80u64 << 30).to_string());
+        assert_eq!(
+            d["capacity"]["memory"]["requestPolicy"]["validRange"]["step"],
+            "256Mi"
+        );
+        assert_eq!(d["capacity"]["compute"]["value"], "100");
+        assert_eq!(d["attributes"]["uuid"]["string"], "GPU-x");
+        assert_eq!(v["spec"]["pool"]["name"], "node-1");
+        assert_eq!(v["metadata"]["name"], "node-1-fgpu.io");
+    }
+}

