@@ -368,7 +368,11 @@ pub fn resolve(lib: Lib, load: bool) -> bool {
     if h == 0 {
         return false;
     }
-    for raw in ALL.iter().chain(crate::hip::real::ALL).filter(|r| r.lib == lib) {
+    for raw in ALL
+        .iter()
+        .chain(crate::hip::real::ALL)
+        .filter(|r| r.lib == lib)
+    {
         if raw.loaded() == 0 {
             let p = crate::dlsym::real_dlsym(h as *mut c_void, raw.name.as_ptr()) as usize;
             if p != 0 {

@@ -134,45 +134,119 @@ impl Run {
         let n = size as usize;
         let rc = match api {
             "malloc" => call!(h, "hipMalloc", fn(*mut Ptr, usize), &mut p, n),
-            "ext" => call!(h, "hipExtMallocWithFlags", fn(*mut Ptr, usize, u32), &mut p, n, 0),
-            "managed" => call!(h, "hipMallocManaged", fn(*mut Ptr, usize, u32), &mut p, n, 1),
+            "ext" => call!(
+                h,
+                "hipExtMallocWithFlags",
+                fn(*mut Ptr, usize, u32),
+                &mut p,
+                n,
+                0
+            ),
+            "managed" => call!(
+                h,
+                "hipMallocManaged",
+                fn(*mut Ptr, usize, u32),
+                &mut p,
+                n,
+                1
+            ),
             "pitch" => {
-                let (w, ht) = if n >= 65536 { (65536, n / 65536) } else { (n, 1) };
+                let (w, ht) = if n >= 65536 {
+                    (65536, n / 65536)
+                } else {
+                    (n, 1)
+                };
                 let mut pitch = 0usize;
-                call!(h, "hipMallocPitch", fn(*mut Ptr, *mut usize, usize, usize),
-                    &mut p, &mut pitch, w, ht)
+                call!(
+                    h,
+                    "hipMallocPitch",
+                    fn(*mut Ptr, *mut usize, usize, usize),
+                    &mut p,
+                    &mut pitch,
+                    w,
+                    ht
+                )
             }
-            "async" => call!(h, "hipMallocAsync", fn(*mut Ptr, usize, Ptr),
-                &mut p, n, std::ptr::null_mut()),
+            "async" => call!(
+                h,
+                "hipMallocAsync",
+                fn(*mut Ptr, usize, Ptr),
+                &mut p,
+                n,
+                std::ptr::null_mut()
+            ),
             "pool" => {
                 let mut pool: Ptr = std::ptr::null_mut();
                 let mut dev = 0i32;
                 call!(h, "hipGetDevice", fn(*mut i32), &mut dev);
-                let rc = call!(h, "hipDeviceGetDefaultMemPool", fn(*mut Ptr, i32), &mut pool, dev);
+                let rc = call!(
+                    h,
+                    "hipDeviceGetDefaultMemPool",
+                    fn(*mut Ptr, i32),
+                    &mut pool,
+                    dev
+                );
                 if rc != 0 {
                     rc
                 } else {
-                    call!(h, "hipMallocFromPoolAsync", fn(*mut Ptr, usize, Ptr, Ptr),
-                        &mut p, n, pool, std::ptr::null_mut())
+                    call!(
+                        h,
+                        "hipMallocFromPoolAsync",
+                        fn(*mut Ptr, usize, Ptr, Ptr),
+                        &mut p,
+                        n,
+                        pool,
+                        std::ptr::null_mut()
+                    )
                 }
             }
             "vmm" => {
                 let mut dev = 0i32;
                 call!(h, "hipGetDevice", fn(*mut i32), &mut dev);
-                let prop = AllocProp { ty: 1, handle_types: 0, location_type: 1,
-                    location_id: dev, rest: [0; 32] };
+                let prop = AllocProp {
+                    ty: 1,
+                    handle_types: 0,
+                    location_type: 1,
+                    location_id: dev,
+                    rest: [0; 32],
+                };
                 let g = 2u64 << 20;
                 let mut handle = 0u64;
-                let rc = call!(h, "hipMemCreate", fn(*mut u64, usize, *const AllocProp, u64),
-                    &mut handle, size.div_ceil(g).max(1) as usize * g as usize, &prop, 0);
+                let rc = call!(
+                    h,
+                    "hipMemCreate",
+                    fn(*mut u64, usize, *const AllocProp, u64),
+                    &mut handle,
+                    size.div_ceil(g).max(1) as usize * g as usize,
+                    &prop,
+                    0
+                );
                 p = handle as Ptr;
                 rc
             }
             "array" => {
-                let desc = ChannelDesc { x: 8, y: 0, z: 0, w: 0, kind: 1 };
-                let (w, ht) = if n >= 65536 { (65536, n / 65536) } else { (n.max(1), 0) };
-                call!(h, "hipMallocArray", fn(*mut Ptr, *const ChannelDesc, usize, usize, u32),
-                    &mut p, &desc, w, ht, 0)
+                let desc = ChannelDesc {
+                    x: 8,
+                    y: 0,
+                    z: 0,
+                    w: 0,
+                    kind: 1,
+                };
+                let (w, ht) = if n >= 65536 {
+                    (65536, n / 65536)
+                } else {
+                    (n.max(1), 0)
+                };
+                call!(
+                    h,
+                    "hipMallocArray",
+                    fn(*mut Ptr, *const ChannelDesc, usize, usize, u32),
+                    &mut p,
+                    &desc,
+                    w,
+                    ht,
+                    0
+                )
             }
             _ => {
                 eprintln!("unknown alloc api {api}");
@@ -180,7 +254,10 @@ impl Run {
             }
         };
         if rc == 0 {
-            self.allocs.push(Alloc { api: api.into(), ptr: p as u64 });
+            self.allocs.push(Alloc {
+                api: api.into(),
+                ptr: p as u64,
+            });
             out(format!("alloc ok api={api} size={size}"));
         } else {
             out(format!("alloc err api={api} rc={rc}"));
@@ -224,14 +301,36 @@ impl Run {
         let reg = dlsym(h.handle, "__hipRegisterFunction");
         let cname = CString::new(name).unwrap_or_default();
         if !reg.is_null() {
-            type Reg = unsafe extern "C" fn(Ptr, Ptr, *const c_char, *const c_char, u32,
-                Ptr, Ptr, Ptr, Ptr, *mut i32);
+            type Reg = unsafe extern "C" fn(
+                Ptr,
+                Ptr,
+                *const c_char,
+                *const c_char,
+                u32,
+                Ptr,
+                Ptr,
+                Ptr,
+                Ptr,
+                *mut i32,
+            );
             // SAFETY: __hipRegisterFunction's C signature.
             let f: Reg = unsafe { std::mem::transmute(reg) };
             let n = std::ptr::null_mut();
             // SAFETY: valid module list, host stub and names.
-            unsafe { f(self.modules, host, cname.as_ptr(), cname.as_ptr(), 0, n, n, n, n,
-                std::ptr::null_mut()) };
+            unsafe {
+                f(
+                    self.modules,
+                    host,
+                    cname.as_ptr(),
+                    cname.as_ptr(),
+                    0,
+                    n,
+                    n,
+                    n,
+                    n,
+                    std::ptr::null_mut(),
+                )
+            };
         }
         self.kernels.push((name.into(), stub));
         host
@@ -243,8 +342,17 @@ impl Run {
         let h = &self.hip;
         let mut rc = 0;
         for _ in 0..n {
-            rc = call!(h, "hipLaunchKernel", fn(Ptr, Dim3, Dim3, *mut Ptr, usize, Ptr),
-                k, d, d, std::ptr::null_mut(), 0, std::ptr::null_mut());
+            rc = call!(
+                h,
+                "hipLaunchKernel",
+                fn(Ptr, Dim3, Dim3, *mut Ptr, usize, Ptr),
+                k,
+                d,
+                d,
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut()
+            );
             if rc != 0 {
                 break;
             }
@@ -258,7 +366,10 @@ impl Run {
             out("smi err rc=-1".into());
             return -1;
         };
-        let lib = Hip { handle: s, gpa: None };
+        let lib = Hip {
+            handle: s,
+            gpa: None,
+        };
         let mut n = 0u32;
         let mut rc = call!(lib, "rsmi_init", fn(u64), 0);
         if rc == 0 {
@@ -266,10 +377,27 @@ impl Run {
         }
         for d in 0..n {
             let (mut t, mut u, mut id) = (0u64, 0u64, 0u64);
-            let r1 = call!(lib, "rsmi_dev_memory_total_get", fn(u32, i32, *mut u64), d, 0, &mut t);
-            let r2 = call!(lib, "rsmi_dev_memory_usage_get", fn(u32, i32, *mut u64), d, 0, &mut u);
+            let r1 = call!(
+                lib,
+                "rsmi_dev_memory_total_get",
+                fn(u32, i32, *mut u64),
+                d,
+                0,
+                &mut t
+            );
+            let r2 = call!(
+                lib,
+                "rsmi_dev_memory_usage_get",
+                fn(u32, i32, *mut u64),
+                d,
+                0,
+                &mut u
+            );
             call!(lib, "rsmi_dev_unique_id_get", fn(u32, *mut u64), d, &mut id);
-            out(format!("smi device={d} total={t} used={u} id={id:#018x} rc={}", r1 | r2));
+            out(format!(
+                "smi device={d} total={t} used={u} id={id:#018x} rc={}",
+                r1 | r2
+            ));
             rc |= r1 | r2;
         }
         rc
@@ -291,7 +419,13 @@ impl Run {
             }
             "info" => {
                 let (mut f, mut t) = (0usize, 0usize);
-                let rc = call!(h, "hipMemGetInfo", fn(*mut usize, *mut usize), &mut f, &mut t);
+                let rc = call!(
+                    h,
+                    "hipMemGetInfo",
+                    fn(*mut usize, *mut usize),
+                    &mut f,
+                    &mut t
+                );
                 out(format!("info rc={rc} free={f} total={t}"));
                 rc
             }
@@ -339,12 +473,30 @@ impl Run {
                 call!(h, "hipEventCreate", fn(*mut Ptr), &mut b);
                 let d = Dim3 { x: 1, y: 1, z: 1 };
                 let n = std::ptr::null_mut();
-                let rc = call!(h, "hipExtLaunchKernel",
+                let rc = call!(
+                    h,
+                    "hipExtLaunchKernel",
                     fn(Ptr, Dim3, Dim3, *mut Ptr, usize, Ptr, Ptr, Ptr, i32),
-                    host, d, d, n, 0, std::ptr::null_mut(), a, b, 0);
+                    host,
+                    d,
+                    d,
+                    n,
+                    0,
+                    std::ptr::null_mut(),
+                    a,
+                    b,
+                    0
+                );
                 call!(h, "hipEventSynchronize", fn(Ptr), b);
                 let mut ms = 0f32;
-                call!(h, "hipEventElapsedTime", fn(*mut f32, Ptr, Ptr), &mut ms, a, b);
+                call!(
+                    h,
+                    "hipEventElapsedTime",
+                    fn(*mut f32, Ptr, Ptr),
+                    &mut ms,
+                    a,
+                    b
+                );
                 out(format!("ext-launch rc={rc} ms={ms:.3}"));
                 rc
             }
@@ -352,18 +504,44 @@ impl Run {
                 let n = num(next());
                 let k = CString::new(next()).unwrap_or_default();
                 let (mut m, mut f): (Ptr, Ptr) = (std::ptr::null_mut(), std::ptr::null_mut());
-                let mut rc = call!(h, "hipModuleLoadData", fn(*mut Ptr, Ptr), &mut m, c"x".as_ptr() as Ptr);
+                let mut rc = call!(
+                    h,
+                    "hipModuleLoadData",
+                    fn(*mut Ptr, Ptr),
+                    &mut m,
+                    c"x".as_ptr() as Ptr
+                );
                 if rc == 0 {
-                    rc = call!(h, "hipModuleGetFunction", fn(*mut Ptr, Ptr, *const c_char), &mut f, m, k.as_ptr());
+                    rc = call!(
+                        h,
+                        "hipModuleGetFunction",
+                        fn(*mut Ptr, Ptr, *const c_char),
+                        &mut f,
+                        m,
+                        k.as_ptr()
+                    );
                 }
                 let z = std::ptr::null_mut::<Ptr>();
                 for _ in 0..n {
                     if rc != 0 {
                         break;
                     }
-                    rc = call!(h, "hipModuleLaunchKernel",
+                    rc = call!(
+                        h,
+                        "hipModuleLaunchKernel",
                         fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr),
-                        f, 1, 1, 1, 1, 1, 1, 0, std::ptr::null_mut(), z, z);
+                        f,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        1,
+                        0,
+                        std::ptr::null_mut(),
+                        z,
+                        z
+                    );
                 }
                 out(format!("module-launch rc={rc} n={n}"));
                 rc
@@ -379,13 +557,30 @@ impl Run {
                 let h = &self.hip;
                 let d = Dim3 { x: 1, y: 1, z: 1 };
                 for _ in 0..n {
-                    rc |= call!(h, "hipLaunchKernel", fn(Ptr, Dim3, Dim3, *mut Ptr, usize, Ptr),
-                        host, d, d, std::ptr::null_mut(), 0, s);
+                    rc |= call!(
+                        h,
+                        "hipLaunchKernel",
+                        fn(Ptr, Dim3, Dim3, *mut Ptr, usize, Ptr),
+                        host,
+                        d,
+                        d,
+                        std::ptr::null_mut(),
+                        0,
+                        s
+                    );
                 }
                 let (mut g, mut e): (Ptr, Ptr) = (std::ptr::null_mut(), std::ptr::null_mut());
                 rc |= call!(h, "hipStreamEndCapture", fn(Ptr, *mut Ptr), s, &mut g);
-                rc |= call!(h, "hipGraphInstantiate", fn(*mut Ptr, Ptr, Ptr, *mut c_char, usize),
-                    &mut e, g, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+                rc |= call!(
+                    h,
+                    "hipGraphInstantiate",
+                    fn(*mut Ptr, Ptr, Ptr, *mut c_char, usize),
+                    &mut e,
+                    g,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    0
+                );
                 for _ in 0..replays {
                     rc |= call!(h, "hipGraphLaunch", fn(Ptr, Ptr), e, s);
                 }
@@ -419,8 +614,12 @@ impl Run {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mut lib, mut smi_lib, mut gpa, mut strict) =
-        ("libamdhip64.so".to_string(), "librocm_smi64.so".to_string(), false, false);
+    let (mut lib, mut smi_lib, mut gpa, mut strict) = (
+        "libamdhip64.so".to_string(),
+        "librocm_smi64.so".to_string(),
+        false,
+        false,
+    );
     let mut rest = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -430,10 +629,15 @@ fn main() {
             "--gpa" => gpa = true,
             "--strict" => strict = true,
             "--help" | "-h" => {
-                println!("{}", include_str!("fgpu-sim-hip.rs").lines()
-                    .take_while(|l| l.starts_with("//!"))
-                    .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
-                    .collect::<Vec<_>>().join("\n"));
+                println!(
+                    "{}",
+                    include_str!("fgpu-sim-hip.rs")
+                        .lines()
+                        .take_while(|l| l.starts_with("//!"))
+                        .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
                 return;
             }
             _ => rest.push(a.clone()),

@@ -10,7 +10,10 @@ pub const HIP_VERSION: i32 = 70_000_000;
 
 /// The simulated UUID of physical device `p` as lowercase hex (32 digits).
 pub fn uuid_hex(p: usize) -> String {
-    cu::uuid_bytes(p).iter().map(|b| format!("{b:02x}")).collect()
+    cu::uuid_bytes(p)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 pub extern "C" fn hip_init(flags: u32) -> HipError {

@@ -257,4 +257,3 @@ pub extern "C" fn hip_event_destroy(ev: usize) -> HipError {
 pub extern "C" fn hip_get_last_error() -> HipError {
     HIP_SUCCESS
 }
-

@@ -82,13 +82,16 @@ fn physical_location<T: Copy>(
     Ok(p)
 }
 
-pub extern "C" fn hip_mem_pool_create(pool_out: *mut usize, props: *const PoolPropsHead) -> HipError {
-    call(|_| {
-        match physical_location(props, |p| (&mut p.location_id, p.location_type)) {
+pub extern "C" fn hip_mem_pool_create(
+    pool_out: *mut usize,
+    props: *const PoolPropsHead,
+) -> HipError {
+    call(
+        |_| match physical_location(props, |p| (&mut p.location_id, p.location_type)) {
             Ok(p) => pool::cu_mem_pool_create(pool_out, &p),
             Err(e) => e,
-        }
-    })
+        },
+    )
 }
 
 pub extern "C" fn hip_mem_pool_destroy(p: usize) -> HipError {
@@ -112,12 +115,12 @@ pub extern "C" fn hip_mem_create(
     prop: *const AllocPropHead,
     flags: u64,
 ) -> HipError {
-    call(|_| {
-        match physical_location(prop, |p| (&mut p.location_id, p.location_type)) {
+    call(
+        |_| match physical_location(prop, |p| (&mut p.location_id, p.location_type)) {
             Ok(p) => vmm::cu_mem_create(handle, size, &p, flags),
             Err(e) => e,
-        }
-    })
+        },
+    )
 }
 
 pub extern "C" fn hip_mem_release(h: u64) -> HipError {
@@ -166,12 +169,12 @@ pub extern "C" fn hip_mem_get_allocation_granularity(
     prop: *const AllocPropHead,
     option: i32,
 ) -> HipError {
-    call(|_| {
-        match physical_location(prop, |p| (&mut p.location_id, p.location_type)) {
+    call(
+        |_| match physical_location(prop, |p| (&mut p.location_id, p.location_type)) {
             Ok(p) => vmm::cu_mem_get_allocation_granularity(gran, &p, option),
             Err(e) => e,
-        }
-    })
+        },
+    )
 }
 
 /// `hipChannelFormatDesc`: bits per channel x, y, z, w and the kind.
@@ -187,7 +190,10 @@ pub struct ChannelFormatDesc {
 
 /// Bytes per element of a channel description (at least 1).
 pub fn element_bytes(d: &ChannelFormatDesc) -> u32 {
-    let bits = [d.x, d.y, d.z, d.w].iter().map(|&b| b.max(0) as u32).sum::<u32>();
+    let bits = [d.x, d.y, d.z, d.w]
+        .iter()
+        .map(|&b| b.max(0) as u32)
+        .sum::<u32>();
     bits.div_ceil(8).max(1)
 }
 

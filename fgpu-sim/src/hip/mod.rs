@@ -56,11 +56,13 @@ fn select(from: &[usize], list: Option<&str>) -> Vec<usize> {
     let mut out = Vec::new();
     for item in list.split(',').map(str::trim) {
         let hit = if let Some(hex) = item.strip_prefix("GPU-") {
-            from.iter()
-                .copied()
-                .find(|&p| device::uuid_hex(p).starts_with(&hex.to_ascii_lowercase()) && !hex.is_empty())
+            from.iter().copied().find(|&p| {
+                device::uuid_hex(p).starts_with(&hex.to_ascii_lowercase()) && !hex.is_empty()
+            })
         } else {
-            item.parse::<usize>().ok().and_then(|i| from.get(i).copied())
+            item.parse::<usize>()
+                .ok()
+                .and_then(|i| from.get(i).copied())
         };
         match hit {
             Some(p) if !out.contains(&p) => out.push(p),

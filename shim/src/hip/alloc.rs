@@ -30,7 +30,13 @@ pub(crate) use real_or_3;
 const ALIGN: u64 = 512;
 
 /// A linear allocation of `bytes` on the current device, made by `call`.
-fn linear(api: &str, ptr: *mut *mut c_void, bytes: u64, kind: Kind, call: impl Fn() -> HipError) -> HipError {
+fn linear(
+    api: &str,
+    ptr: *mut *mut c_void,
+    bytes: u64,
+    kind: Kind,
+    call: impl Fn() -> HipError,
+) -> HipError {
     guarded(&call, || {
         if ptr.is_null() || bytes == 0 {
             return call();
@@ -61,7 +67,9 @@ fn linear(api: &str, ptr: *mut *mut c_void, bytes: u64, kind: Kind, call: impl F
 pub unsafe extern "C" fn hipMalloc(ptr: *mut *mut c_void, size: usize) -> HipError {
     let f = real_or_3!(real::HIP_MALLOC);
     // SAFETY: forwarding the caller's arguments unchanged.
-    linear("hipMalloc", ptr, size as u64, Kind::Device, || unsafe { f(ptr, size) })
+    linear("hipMalloc", ptr, size as u64, Kind::Device, || unsafe {
+        f(ptr, size)
+    })
 }
 
 /// # Safety
@@ -74,9 +82,13 @@ pub unsafe extern "C" fn hipExtMallocWithFlags(
 ) -> HipError {
     let f = real_or_3!(real::HIP_EXT_MALLOC_WITH_FLAGS);
     // SAFETY: forwarding the caller's arguments unchanged.
-    linear("hipExtMallocWithFlags", ptr, size as u64, Kind::Device, || unsafe {
-        f(ptr, size, flags)
-    })
+    linear(
+        "hipExtMallocWithFlags",
+        ptr,
+        size as u64,
+        Kind::Device,
+        || unsafe { f(ptr, size, flags) },
+    )
 }
 
 /// # Safety
@@ -89,9 +101,13 @@ pub unsafe extern "C" fn hipMallocManaged(
 ) -> HipError {
     let f = real_or_3!(real::HIP_MALLOC_MANAGED);
     // SAFETY: forwarding the caller's arguments unchanged.
-    linear("hipMallocManaged", ptr, size as u64, Kind::Managed, || unsafe {
-        f(ptr, size, flags)
-    })
+    linear(
+        "hipMallocManaged",
+        ptr,
+        size as u64,
+        Kind::Managed,
+        || unsafe { f(ptr, size, flags) },
+    )
 }
 
 /// Reserves width rounded up to 512 × height before the call; corrected to the runtime's
@@ -149,7 +165,13 @@ pub unsafe extern "C" fn hipMallocPitch(
             account::release(c.idx, c.bytes - real_bytes);
             c.bytes = real_bytes;
         }
-        account::track(&PTRS, p as u64, c.bytes, meta(Kind::Device, c.idx, c.ord), 0);
+        account::track(
+            &PTRS,
+            p as u64,
+            c.bytes,
+            meta(Kind::Device, c.idx, c.ord),
+            0,
+        );
         rc
     })
 }
@@ -165,7 +187,9 @@ pub unsafe extern "C" fn hipMallocAsync(
     let f = real_or_3!(real::HIP_MALLOC_ASYNC);
     let bytes = (size as u64).next_multiple_of(ALIGN);
     // SAFETY: forwarding the caller's arguments unchanged.
-    linear("hipMallocAsync", ptr, bytes, Kind::Device, || unsafe { f(ptr, size, stream) })
+    linear("hipMallocAsync", ptr, bytes, Kind::Device, || unsafe {
+        f(ptr, size, stream)
+    })
 }
 
 /// # Safety
@@ -180,9 +204,13 @@ pub unsafe extern "C" fn hipMallocFromPoolAsync(
     let f = real_or_3!(real::HIP_MALLOC_FROM_POOL_ASYNC);
     let bytes = (size as u64).next_multiple_of(ALIGN);
     // SAFETY: forwarding the caller's arguments unchanged.
-    linear("hipMallocFromPoolAsync", ptr, bytes, Kind::Device, || unsafe {
-        f(ptr, size, pool, stream)
-    })
+    linear(
+        "hipMallocFromPoolAsync",
+        ptr,
+        bytes,
+        Kind::Device,
+        || unsafe { f(ptr, size, pool, stream) },
+    )
 }
 
 /// Frees pointer `p` with `call`: forgets it first, restores the entry if the call failed.

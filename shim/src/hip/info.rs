@@ -92,6 +92,23 @@ pub fn uuid_matches(u: &[u8; 16], id: u64) -> bool {
         == Some(id)
 }
 
+/// The HIP ordinal of physical (SMI) device `dv` in this process: `ROCR_VISIBLE_DEVICES`
+/// then `HIP_VISIBLE_DEVICES` applied as the runtime does (numeric entries; an entry that
+/// is not a number ends the list). None: not visible to HIP here (the default limit applies).
+pub fn hip_ordinal(dv: u32) -> Option<usize> {
+    let mut order: Vec<u32> = (0..MAX_DEVICES as u32).collect();
+    for var in ["ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"] {
+        if let Ok(list) = std::env::var(var) {
+            order = list
+                .split(',')
+                .map_while(|e| e.trim().parse::<usize>().ok())
+                .map_while(|i| order.get(i).copied())
+                .collect();
+        }
+    }
+    order.iter().position(|&p| p == dv)
+}
+
 /// (limit, used) that SMI device `dv` answers with; None: not limited.
 fn smi_view(dv: u32) -> Option<(u64, u64)> {
     if !enabled() {
@@ -103,7 +120,7 @@ fn smi_view(dv: u32) -> Option<(u64, u64)> {
         // SAFETY: rsmi_dev_unique_id_get(uint32_t, uint64_t *) with a valid out-pointer.
         (unsafe { f(dv, &mut id) } == 0).then_some(id)
     });
-    let ord = dv as c_int;
+    let ord = hip_ordinal(dv).map_or(c_int::MAX, |o| o as c_int);
     let idx = uid.and_then(|id| {
         (0..MAX_DEVICES).find(|&i| {
             l.usage.devices[i].uuid[0].load(std::sync::atomic::Ordering::SeqCst) != 0
@@ -120,7 +137,11 @@ fn smi_view(dv: u32) -> Option<(u64, u64)> {
 /// # Safety
 /// The ROCm SMI contract of `rsmi_dev_memory_total_get`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rsmi_dev_memory_total_get(dv: u32, ty: c_int, total: *mut u64) -> RsmiStatus {
+pub unsafe extern "C" fn rsmi_dev_memory_total_get(
+    dv: u32,
+    ty: c_int,
+    total: *mut u64,
+) -> RsmiStatus {
     let Some(f) = real::RSMI_DEV_MEMORY_TOTAL_GET.load() else {
         return RSMI_STATUS_INIT_ERROR;
     };
@@ -139,7 +160,11 @@ pub unsafe extern "C" fn rsmi_dev_memory_total_get(dv: u32, ty: c_int, total: *m
 /// # Safety
 /// The ROCm SMI contract of `rsmi_dev_memory_usage_get`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn rsmi_dev_memory_usage_get(dv: u32, ty: c_int, used: *mut u64) -> RsmiStatus {
+pub unsafe extern "C" fn rsmi_dev_memory_usage_get(
+    dv: u32,
+    ty: c_int,
+    used: *mut u64,
+) -> RsmiStatus {
     let Some(f) = real::RSMI_DEV_MEMORY_USAGE_GET.load() else {
         return RSMI_STATUS_INIT_ERROR;
     };

@@ -108,7 +108,6 @@ pub fn reserve(api: &str, ord: Option<c_int>, bytes: u64) -> Result<Option<Charg
     account::reserve_at(api, (l, slot), ord, idx, bytes, |_| {})
 }
 
-
 /// Reads a pointer the runtime just wrote through `p` (NULL-safe).
 pub fn read_ptr<T>(p: *const *mut T) -> *mut T {
     if p.is_null() {
