@@ -300,3 +300,53 @@ fn hip_launches_take_time_on_the_shared_device_timeline() {
         "hipExtLaunchKernel's events bracket 20 ms: {o}"
     );
 }
+
+/// Debian's real `libamdhip64.so.5` (ROCm 5.2; no AMD GPU here, so every call fails with the
+/// runtime's own code): with the shim preloaded and a limit set, HIP still initialises, the
+/// runtime's error codes pass through unchanged, and the memory entry points a program looks
+/// up with dlsym are the shim's wrappers (the others stay the runtime's).
+#[test]
+fn debians_real_libamdhip64_initialises_under_the_shim_and_is_intercepted() {
+    let hip = [
+        "/usr/lib/x86_64-linux-gnu/libamdhip64.so.5",
+        "/lib/x86_64-linux-gnu/libamdhip64.so.5",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .expect(
+        "Debian's libamdhip64-5 is not installed (apt-get install libamdhip64-5; .ci/run does)",
+    );
+    let hw = HipWorld::new("hip-debian");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hip_real_debian.py");
+    let py = |preload: bool| {
+        let mut c = hw.w.cmd(std::path::Path::new("python3"), preload);
+        c.env("FGPU_MEMORY_LIMIT", "1GiB").args([script, hip]);
+        run(c, 60)
+    };
+    let (plain, shimmed) = (py(false), py(true));
+    for key in ["count", "malloc", "info", "free"] {
+        let a = plain.lines(&format!("{key} "));
+        let b = shimmed.lines(&format!("{key} "));
+        assert_eq!(a.len(), 1, "{plain}");
+        assert_eq!(
+            a, b,
+            "{key}: the runtime's answer passes through unchanged:\n{plain}\n{shimmed}"
+        );
+    }
+    assert_ne!(
+        plain.lines("malloc ")[0],
+        "malloc 0",
+        "no AMD GPU is expected here"
+    );
+    let w: Vec<&str> = shimmed.lines("where ")[0].split(' ').collect();
+    assert_eq!(
+        &w[1..3],
+        ["libfgpu.so", "libfgpu.so"],
+        "hipMalloc, hipMemGetInfo: {shimmed}"
+    );
+    assert!(
+        w[3].starts_with("libamdhip64.so"),
+        "hipGetDeviceCount: {shimmed}"
+    );
+    assert_eq!(shimmed.code, Some(0), "{shimmed}");
+}
