@@ -126,7 +126,7 @@ pub unsafe extern "C" fn hipMallocPitch(
     let f = real_or_3!(real::HIP_MALLOC_PITCH);
     // SAFETY: forwarding the caller's arguments unchanged (used in all paths below).
     let call = || unsafe { f(ptr, pitch, width, height) };
-    guarded(&call, || {
+    guarded(call, || {
         if ptr.is_null() || pitch.is_null() {
             return call();
         }

@@ -29,7 +29,7 @@ pub unsafe extern "C" fn hipMemCreate(
     let f = real_or_3!(real::HIP_MEM_CREATE);
     // SAFETY: forwarding the caller's arguments unchanged.
     let call = || unsafe { f(handle, size, prop, flags) };
-    guarded(&call, || {
+    guarded(call, || {
         if handle.is_null() || prop.is_null() {
             return call();
         }
@@ -62,7 +62,7 @@ pub unsafe extern "C" fn hipMemRelease(handle: MemHandle) -> HipError {
     let f = real_or_3!(real::HIP_MEM_RELEASE);
     // SAFETY: forwarding the caller's argument unchanged.
     let call = || unsafe { f(handle) };
-    guarded(&call, || {
+    guarded(call, || {
         let rc = call();
         if rc == 0 {
             crate::vmm::unref(handle);
@@ -84,7 +84,7 @@ pub unsafe extern "C" fn hipMemMap(
     let f = real_or_3!(real::HIP_MEM_MAP);
     // SAFETY: forwarding the caller's arguments unchanged.
     let call = || unsafe { f(ptr, size, offset, handle, flags) };
-    guarded(&call, || {
+    guarded(call, || {
         let rc = call();
         if rc == 0 {
             let tracked = VMM.update(handle, |e| {
@@ -107,7 +107,7 @@ pub unsafe extern "C" fn hipMemUnmap(ptr: *mut c_void, size: usize) -> HipError 
     let f = real_or_3!(real::HIP_MEM_UNMAP);
     // SAFETY: forwarding the caller's arguments unchanged.
     let call = || unsafe { f(ptr, size) };
-    guarded(&call, || {
+    guarded(call, || {
         let rc = call();
         if rc == 0 {
             let end = (ptr as u64).saturating_add(size as u64);
@@ -150,7 +150,7 @@ pub unsafe extern "C" fn hipMallocArray(
     let f = real_or_3!(real::HIP_MALLOC_ARRAY);
     // SAFETY: forwarding the caller's arguments unchanged.
     let call = || unsafe { f(array, desc, width, height, flags) };
-    guarded(&call, || {
+    guarded(call, || {
         if array.is_null() || desc.is_null() {
             return call();
         }
@@ -179,7 +179,7 @@ pub unsafe extern "C" fn hipFreeArray(array: Handle) -> HipError {
     let f = real_or_3!(real::HIP_FREE_ARRAY);
     // SAFETY: forwarding the caller's argument unchanged.
     let call = || unsafe { f(array) };
-    guarded(&call, || {
+    guarded(call, || {
         let e = ARRAYS.remove(array as u64);
         let rc = call();
         if let Some(e) = e {
