@@ -264,6 +264,32 @@ fn fgpu_hip_off_passes_hip_through_and_no_limit_means_untouched() {
 }
 
 #[test]
+fn fgpu_context_overhead_is_charged_once_per_process_and_device() {
+    let hw = HipWorld::new("hip-overhead");
+    let env = [
+        ("FGPU_MEMORY_LIMIT", "1GiB"),
+        ("FGPU_CONTEXT_OVERHEAD", "300MiB"),
+    ];
+    let o = hw.run(
+        &env,
+        &[
+            "info",
+            "alloc-api",
+            "malloc",
+            "724MiB",
+            "alloc-api",
+            "malloc",
+            "1",
+            "info",
+        ],
+    );
+    assert_eq!(o.allocs(), vec![Ok(724 * MIB), Err(2)], "{o}");
+    let infos = o.lines("info ");
+    assert_eq!(field(infos[0], "free"), GIB - OVERHEAD, "{o}");
+    assert_eq!(field(infos[1], "free"), 0, "{o}");
+}
+
+#[test]
 fn hip_launches_take_time_on_the_shared_device_timeline() {
     let hw = HipWorld::new("hip-launch");
     let o = hw.run(

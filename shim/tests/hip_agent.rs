@@ -60,30 +60,15 @@ fn privileged_agent_limits_reach_hip_processes_and_the_kernel_attributes_them() 
     let cg = Cgroup::new(&unique("fgpu-hip-agent"));
     w.set_limit(&cg, "1GiB");
     // The first step gives the agent's watcher time to attach to the freshly mapped library.
-    let args = [
-        "sleep",
-        "1500",
-        "info",
-        "alloc-api",
-        "malloc",
-        "512MiB",
-        "alloc-api",
-        "async",
-        "256MiB",
-        "alloc-api",
-        "vmm",
-        "256MiB",
-        "alloc-api",
-        "malloc",
-        "1",
-        "info",
-        "smi",
-        "hold",
-    ];
+    // The harness sets FGPU_CONTEXT_OVERHEAD=300MiB, charged at the first HIP use: 724 MiB
+    // are left to allocate.
+    let args = "sleep 1500 info alloc-api malloc 512MiB alloc-api async 112MiB \
+                alloc-api vmm 100MiB alloc-api malloc 1 info smi hold";
+    let args: Vec<&str> = args.split_whitespace().collect();
     let mut p = Proc::start(w.command(&cg, &[], &bin, &args));
     p.expect("ready");
     let row = wait_row(&w, &cg, "the kernel sees the HIP allocations", |r| {
-        r["memory_used_bytes"] == GIB
+        r["memory_used_bytes"] == 724 * MIB
     });
     let (_, libs) = w.fgpu(&["status", "--json", "--detail"]);
     p.release();
@@ -91,7 +76,7 @@ fn privileged_agent_limits_reach_hip_processes_and_the_kernel_attributes_them() 
     let ctx = format!("{f}\nrow {row}\nagent log:\n{}", agent.log_text());
     assert_eq!(
         f.allocs(),
-        vec![Ok(512 * MIB), Ok(256 * MIB), Ok(256 * MIB), Err(2)],
+        vec![Ok(512 * MIB), Ok(112 * MIB), Ok(100 * MIB), Err(2)],
         "{ctx}"
     );
     let infos: Vec<&String> = f.lines.iter().filter(|l| l.starts_with("info ")).collect();
@@ -99,6 +84,11 @@ fn privileged_agent_limits_reach_hip_processes_and_the_kernel_attributes_them() 
         field(infos[0], "total"),
         GIB,
         "hipMemGetInfo answers the agent's limit: {ctx}"
+    );
+    assert_eq!(
+        field(infos[0], "free"),
+        GIB - 300 * MIB,
+        "the context is charged: {ctx}"
     );
     assert_eq!(field(infos[1], "free"), 0, "{ctx}");
     assert_eq!(field(f.line("smi device=0"), "total"), GIB, "{ctx}");

@@ -86,10 +86,32 @@ pub fn dev_index(l: &Ledger, ord: c_int) -> Option<usize> {
     }
     let idx = l.device_index(&u);
     match idx {
-        Some(i) => ORD_IDX[o].store(i as u32 + 1, SeqCst),
+        Some(i) => {
+            ORD_IDX[o].store(i as u32 + 1, SeqCst);
+            charge_context(i);
+        }
         None => crate::log::error!("too many devices: HIP device {ord} is not accounted"),
     }
     idx
+}
+
+/// Ledger records whose HIP context overhead this process has charged (bit per record).
+static CONTEXT_CHARGED: AtomicU32 = AtomicU32::new(0);
+
+/// Charges `FGPU_CONTEXT_OVERHEAD` once per process and device, when the process first uses
+/// the device through HIP (nothing measures a HIP context: without the variable, 0). Like
+/// CUDA's overhead it is charged even over the limit (the memory is in use).
+fn charge_context(idx: usize) {
+    let Some(n) = crate::config::get().context_overhead else {
+        return;
+    };
+    if CONTEXT_CHARGED.fetch_or(1 << idx, SeqCst) & (1 << idx) != 0 {
+        return;
+    }
+    if let Some((l, slot)) = ledger_file::get() {
+        l.charge(idx, slot, n);
+        l.slots[slot].overhead[idx].fetch_add(n, SeqCst);
+    }
 }
 
 /// Reserves `bytes` on HIP device `ord` (None: the current device) for `api`.
