@@ -4,6 +4,7 @@ mod agent;
 mod api;
 mod cdi;
 mod cli;
+mod statefile;
 mod status;
 
 use std::path::PathBuf;

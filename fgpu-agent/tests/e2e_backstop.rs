@@ -8,22 +8,12 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Agent, Cgroup, Load, SimState, privileged, unique};
+use common::{Agent, Cgroup, Load, SimState, ok, privileged, unique};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
 /// What `Load::spawn_with_shim` tells the shim a context costs.
 const OVERHEAD: u64 = 300 * MIB;
-
-fn ok(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "fgpu failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// `alloc SIZE` `n` times.
 fn allocs(n: usize, size: &str) -> Vec<&str> {

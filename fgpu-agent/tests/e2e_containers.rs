@@ -10,21 +10,11 @@ use std::time::{Duration, Instant};
 
 use std::path::PathBuf;
 
-use common::{Agent, fgpu, privileged};
+use common::{Agent, fgpu, ok, privileged};
 use containers::{CdiSpec, Podman, PodmanAgent, info_total};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-
-fn ok(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "fgpu failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn allocs(n: usize) -> Vec<&'static str> {
     std::iter::repeat_n(["alloc", "256MiB"], n)

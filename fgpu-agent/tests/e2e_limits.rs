@@ -5,17 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Agent, Cgroup, Load, SimState, privileged, unique};
-
-fn ok(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "fgpu failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{Agent, Cgroup, Load, SimState, ok, privileged, unique};
 
 fn refused(out: &std::process::Output) -> String {
     assert!(

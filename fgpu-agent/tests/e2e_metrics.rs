@@ -11,22 +11,12 @@ mod metrics_http;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Agent, Cgroup, Load, SimState, privileged, sim_dir, unique};
+use common::{Agent, Cgroup, Load, SimState, ok, privileged, sim_dir, unique};
 use metrics_http::{Series, address_in_log, find, get, one, parse, promtool};
 use serde_json::Value;
 
 /// The agent's publish interval (`PUBLISH_EVERY`): a scrape reuses a sample this young.
 const PUBLISH: Duration = Duration::from_secs(1);
-
-fn ok(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "fgpu failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 fn scrape(addr: &str) -> (String, Vec<Series>) {
     let r = get(addr, "/metrics");
@@ -411,7 +401,23 @@ fn privileged_readyz_is_not_ready_before_the_probes_attach_and_the_listener_is_b
         "ready before the probes attached:\n{}",
         text()
     );
-    assert_eq!(get(&addr, "/healthz").body, "ok\n");
+    // Liveness follows the agent loop's first beat (once a second), which may come just
+    // after readiness: "starting" (still 200) until then, "ok" within a beat.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let h = get(&addr, "/healthz");
+        assert_eq!(h.code, 200, "{}", h.body);
+        if h.body == "ok\n" {
+            break;
+        }
+        assert_eq!(h.body, "starting\n");
+        assert!(
+            Instant::now() < deadline,
+            "no beat within 3 s of readiness:\n{}",
+            text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 
     // Misbehaving clients: other routes and methods, a head too large, a client that never
     // sends its request.

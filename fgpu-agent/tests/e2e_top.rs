@@ -7,17 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Agent, Cgroup, Load, SimState, privileged, unique};
-
-fn ok(out: &std::process::Output) -> String {
-    assert!(
-        out.status.success(),
-        "fgpu failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+use common::{Agent, Cgroup, Load, SimState, ok, privileged, unique};
 
 /// A tmux server of the test's own (`-L`), killed on drop.
 struct Tmux {

@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use common::{Agent, Cgroup, Load, SimState, fgpu, privileged, unique};
+use common::{Agent, Cgroup, Load, SimState, fgpu, ok, privileged, unique};
 use fgpu_common::proto::{Frame, Kind};
 
 /// What the containers' socket says to anything but Hello and the caller's own status.
@@ -61,16 +61,6 @@ fn in_container(cg: &Cgroup, agent: &Agent, admin_visible: bool, args: &[&str]) 
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "fgpu failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        stderr(out)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The memory limit `fgpu limit get TARGET --json` reports from the host.

@@ -18,3 +18,4 @@ mod process;
 mod size;
 mod state;
 mod timeline;
+mod visible;

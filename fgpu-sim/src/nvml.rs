@@ -1,8 +1,8 @@
 //! NVML, answered from the shared state.
 //!
-//! Processes are those holding a context on the device; their pid is `getpid()` as they see
-//! it (inside a PID namespace that is the namespace pid, unlike real NVML which reports host
-//! pids). Utilisation is the share of the last full second the device timeline was busy.
+//! Processes are those holding a context on the device; their pid is as the caller's PID
+//! namespace sees them (host pids in the host namespace, like real NVML; see
+//! [`crate::state`]). Utilisation is the share of the last full second the device timeline was busy.
 
 use crate::cuda::device::{DEVICE_NAME, uuid_bytes};
 use crate::ffi::{get, put, put_str, str_arg};
@@ -214,7 +214,7 @@ fn processes(s: &Shared, dev: usize) -> Vec<(usize, u32)> {
     s.live_slots()
         .into_iter()
         .filter(|&i| s.slot(i).ctx_mask.load(SeqCst) & (1 << dev) != 0)
-        .map(|i| (i, s.slot(i).pid.load(SeqCst)))
+        .map(|i| (i, s.pid_of(i)))
         .collect()
 }
 

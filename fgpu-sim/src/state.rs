@@ -11,7 +11,10 @@
 //! reclaim"): only the owner ever writes its slot, and a new owner resets it when claiming it.
 //!
 //! The pid recorded in a slot is `getpid()` as the owner sees it: inside a PID namespace this
-//! is the namespace pid (real NVML reports host pids).
+//! is the namespace pid. Real NVML reports host pids, so the owner also takes a classic
+//! (process-associated) POSIX lock on byte `PID_BASE + slot`: `F_GETLK` reports its owner's
+//! pid as the *caller's* PID namespace sees it (0 where the owner is not visible there), so
+//! NVML answered in the host namespace (the agent) lists host pids, as the real one does.
 
 use crate::config::Config;
 use crate::timeline::BusyRing;
@@ -23,6 +26,7 @@ pub const MAX_DEVICES: usize = 8;
 pub const MAX_SLOTS: usize = 128;
 const MAGIC: u64 = 0x6667_7075_7369_6d31; // "fgpusim1"
 const LOCK_BASE: i64 = 1 << 30;
+const PID_BASE: i64 = 1 << 31;
 
 #[repr(C)]
 pub struct Header {
@@ -205,11 +209,15 @@ impl Shared {
     }
 
     fn ofd_lock(&self, idx: usize, cmd: libc::c_int) -> Option<libc::flock> {
+        self.lock_at(LOCK_BASE + idx as i64, cmd)
+    }
+
+    fn lock_at(&self, start: i64, cmd: libc::c_int) -> Option<libc::flock> {
         // SAFETY: plain-old-data struct, zero is a valid value.
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
         fl.l_type = libc::F_WRLCK as i16;
         fl.l_whence = libc::SEEK_SET as i16;
-        fl.l_start = LOCK_BASE + idx as i64;
+        fl.l_start = start;
         fl.l_len = 1;
         // SAFETY: fcntl with a valid descriptor and flock pointer.
         let rc = unsafe { libc::fcntl(self.fd, cmd, &mut fl) };
@@ -234,6 +242,8 @@ impl Shared {
             }
             s.ctx_mask.store(0, SeqCst);
             s.pid.store(std::process::id(), SeqCst);
+            // Best effort: without it, observers see the recorded pid.
+            let _ = self.lock_at(PID_BASE + i as i64, libc::F_SETLK);
             s.claimed.store(1, SeqCst);
             true
         });
@@ -254,6 +264,19 @@ impl Shared {
         match self.ofd_lock(idx, libc::F_OFD_GETLK) {
             Some(fl) => fl.l_type != libc::F_UNLCK as i16,
             None => false,
+        }
+    }
+
+    /// The pid of slot `idx`'s owner as this process's PID namespace sees it (NVML's pid):
+    /// from its POSIX lock where the owner is visible here, else the pid it recorded.
+    pub fn pid_of(&self, idx: usize) -> u32 {
+        let recorded = self.slot(idx).pid.load(SeqCst);
+        if self.own.load(SeqCst) == idx {
+            return recorded;
+        }
+        match self.lock_at(PID_BASE + idx as i64, libc::F_GETLK) {
+            Some(fl) if fl.l_type != libc::F_UNLCK as i16 && fl.l_pid > 0 => fl.l_pid as u32,
+            _ => recorded,
         }
     }
 

@@ -11,8 +11,11 @@ SHIM=$B/lib/libfgpu.so
 PY=${PY:-/opt/torch/.venv/bin/python3}
 LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
 OUT=${OUT:-/tmp/fgpu-out}
-SOCK=/tmp/fgpu-lim.sock
 WORK=$(mktemp -d /tmp/fgpu-lim.XXXX)
+# Two doors: the containers' socket (what shims get, alone in its directory) and the admin
+# socket the CLI uses (limits are refused on the containers' door).
+SOCK=$WORK/run/fgpu.sock
+ADMIN=$WORK/admin/fgpu.sock
 CG=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)
 export PATH=/usr/local/nvidia/bin:$PATH
 mkdir -p "$OUT"
@@ -28,15 +31,15 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$FGPU" agent --socket "$SOCK" --libcuda "$LIBCUDA" --bpf-dir /sys/fs/bpf/fgpu-lim \
+"$FGPU" agent --socket "$SOCK" --admin-socket "$ADMIN" --libcuda "$LIBCUDA" --bpf-dir /sys/fs/bpf/fgpu-lim \
   --state-dir "$WORK/state" --log info > "$OUT/agent.log" 2>&1 &
 agent_pid=$!
-for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
-[ -S "$SOCK" ] || { echo "agent did not start"; cat "$OUT/agent.log"; exit 1; }
+for _ in $(seq 100); do [ -S "$ADMIN" ] && break; sleep 0.1; done
+[ -S "$ADMIN" ] || { echo "agent did not start"; cat "$OUT/agent.log"; exit 1; }
 
 mkdir -p "$CG/fgpu-lim-a" "$CG/fgpu-lim-b"
-"$FGPU" limit set /fgpu-lim-a --memory 8GiB --socket "$SOCK"
-"$FGPU" limit set /fgpu-lim-b --memory 16GiB --socket "$SOCK"
+"$FGPU" limit set /fgpu-lim-a --memory 8GiB --socket "$ADMIN"
+"$FGPU" limit set /fgpu-lim-b --memory 16GiB --socket "$ADMIN"
 
 in_container() { # NAME CMD...: run CMD in cgroup fgpu-lim-NAME and a new PID namespace
   local n=$1; shift
@@ -50,8 +53,8 @@ for n in a b; do
   for _ in $(seq 900); do [ -f "$WORK/$n.json" ] && break; sleep 0.1; done
   [ -f "$WORK/$n.json" ] || { echo "workload $n did not report"; tail -20 "$OUT/workload-$n.log"; }
 done
-"$FGPU" status --socket "$SOCK" | tee "$OUT/status-during.txt"
-"$FGPU" status --json --detail --socket "$SOCK" > "$OUT/status-during.json"
+"$FGPU" status --socket "$ADMIN" | tee "$OUT/status-during.txt"
+"$FGPU" status --json --detail --socket "$ADMIN" > "$OUT/status-during.json"
 for n in a b; do
   cp "$WORK/$n.json" "$OUT/workload-$n.json" 2>/dev/null
   row "$("$PY" - "$WORK/$n.json" "$n" <<'PYEOF'
@@ -69,10 +72,10 @@ FGPU_WORK=$WORK in_container a "$PY" "$B/tests/gpu/agent_limits_workload.py" byp
 rc=$?
 tensors=$("$PY" -c "import json; print(json.load(open('$WORK/bypass.json')).get('tensors', 0))" 2>/dev/null || echo 0)
 row "bypass process (no LD_PRELOAD): exit status $rc (137 = SIGKILL), got $tensors x 1 GiB before it was stopped; agent: $(grep -c 'killed' "$OUT/agent.log") kill(s) logged"
-"$FGPU" status --socket "$SOCK" | tee "$OUT/status-after-bypass.txt"
+"$FGPU" status --socket "$ADMIN" | tee "$OUT/status-after-bypass.txt"
 for n in a b; do touch "$WORK/$n.go"; done
 sleep 2
-"$FGPU" status --socket "$SOCK" > "$OUT/status-end.txt"
+"$FGPU" status --socket "$ADMIN" > "$OUT/status-end.txt"
 
 echo
 echo "================ agent-enforced limits on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) ================"

@@ -24,7 +24,10 @@ LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
 OUT=${OUT:-/tmp/fgpu-out}
 SECS=${SECS:-10}   # measured seconds of a shared phase (after WARM s of warm-up)
 WARM=${WARM:-3}
-SOCK=/tmp/fgpu-cmp.sock
+# Two doors: shims get the containers' socket (alone in its directory), the CLI the admin one
+# (limits are refused on the containers' door).
+SOCK=/tmp/fgpu-cmp/fgpu.sock
+ADMIN=/tmp/fgpu-cmp-admin/fgpu.sock
 BPF=/sys/fs/bpf/fgpu-cmp
 CG=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)
 RUNS=$OUT/runs.jsonl
@@ -57,28 +60,28 @@ report() { # the criteria and the table, last on stdout
   return "${PIPESTATUS[0]}"
 }
 start_agent() {
-  rm -rf "$BPF"; rm -f "$SOCK"
-  "$FGPU" agent --socket "$SOCK" --libcuda "$LIBCUDA" --bpf-dir "$BPF" \
+  rm -rf "$BPF"; rm -f "$SOCK" "$ADMIN"
+  "$FGPU" agent --socket "$SOCK" --admin-socket "$ADMIN" --libcuda "$LIBCUDA" --bpf-dir "$BPF" \
     --state-dir "$WORK/state" --log "${AGENT_LOG:-info}" >> "$OUT/agent.log" 2>&1 &
   agent_pid=$!
-  for _ in $(seq 150); do [ -S "$SOCK" ] && break; kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.1; done
-  [ -S "$SOCK" ] || { echo "FAIL: agent did not start"; tail -20 "$OUT/agent.log"; exit 1; }
+  for _ in $(seq 150); do [ -S "$ADMIN" ] && break; kill -0 "$agent_pid" 2>/dev/null || break; sleep 0.1; done
+  [ -S "$ADMIN" ] || { echo "FAIL: agent did not start"; tail -20 "$OUT/agent.log"; exit 1; }
 }
 stop_agent() { # the probes stay pinned after the agent exits: removing the pins detaches them
   [ -n "$agent_pid" ] && { kill "$agent_pid" 2>/dev/null; wait "$agent_pid" 2>/dev/null; }
   agent_pid=""
-  rm -rf "$BPF"; rm -f "$SOCK"
+  rm -rf "$BPF"; rm -f "$SOCK" "$ADMIN"
 }
 limits() { # A_ARGS B_ARGS: replace both cgroups' limits ("" = none); `limit set` merges, so rm first
   local n args
   for n in a b; do
     [ "$n" = a ] && args=$1 || args=$2
-    "$FGPU" limit rm "/fgpu-cmp-$n" --socket "$SOCK" >> "$OUT/limits.log" 2>&1
+    "$FGPU" limit rm "/fgpu-cmp-$n" --socket "$ADMIN" >> "$OUT/limits.log" 2>&1
     # shellcheck disable=SC2086
-    [ -n "$args" ] && { "$FGPU" limit set "/fgpu-cmp-$n" $args --socket "$SOCK" >> "$OUT/limits.log" 2>&1 \
+    [ -n "$args" ] && { "$FGPU" limit set "/fgpu-cmp-$n" $args --socket "$ADMIN" >> "$OUT/limits.log" 2>&1 \
       || { echo "FAIL: fgpu limit set /fgpu-cmp-$n $args"; tail -5 "$OUT/limits.log"; exit 1; }; }
   done
-  "$FGPU" limit ls --socket "$SOCK" >> "$OUT/limits.log" 2>&1
+  "$FGPU" limit ls --socket "$ADMIN" >> "$OUT/limits.log" 2>&1
 }
 in_container() { # NAME CMD...: run CMD in cgroup fgpu-cmp-NAME and a new PID namespace (own /proc)
   local n=$1; shift
@@ -129,8 +132,8 @@ phase() {
   if [ -n "$agent_pid" ]; then
     # Near the end of the measured window: the agent's GPU-TIME covers the last 5 s.
     sleep "$(awk -v w="$warm" -v s="$secs" 'BEGIN { print w + s - 0.7 }')"
-    "$FGPU" status --socket "$SOCK" > "$OUT/status-$name.txt" 2>&1
-    "$FGPU" status --json --detail --socket "$SOCK" > "$OUT/status-$name.json" 2> "$OUT/status-$name.err"
+    "$FGPU" status --socket "$ADMIN" > "$OUT/status-$name.txt" 2>&1
+    "$FGPU" status --json --detail --socket "$ADMIN" > "$OUT/status-$name.json" 2> "$OUT/status-$name.err"
     sed 's/^/   /' "$OUT/status-$name.txt"
   fi
   for i in "${!specs[@]}"; do

@@ -5,8 +5,6 @@
 //! (`bound.json`), so that an agent restarted after a container went away still cleans up.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -82,18 +80,8 @@ impl Bound {
     fn commit(&mut self, next: BTreeMap<String, Entry>) -> Result<()> {
         let tmp = self.file.with_extension("json.tmp");
         let bytes = serde_json::to_vec_pretty(&next)?;
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.file)
-        };
-        write().with_context(|| format!("saving {}", self.file.display()))?;
+        crate::statefile::write_atomic(&self.file, &tmp, &bytes, 0o600)
+            .with_context(|| format!("saving {}", self.file.display()))?;
         self.cgroups = next;
         Ok(())
     }

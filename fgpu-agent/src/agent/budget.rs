@@ -92,7 +92,7 @@ pub fn ledger_of(
                 "sharing the budget of a limited ancestor"
             );
         }
-        let tree = state.kernel.lock().expect("kernel maps lock").tree();
+        let tree = super::devmap::tree(state);
         refresh(state, &tree_by_key(&tree));
     }
     Ok(ledger)
@@ -170,6 +170,16 @@ pub struct LedgerView {
     /// What processes of its domain that never said Hello hold (kernel-observed, all
     /// devices): they bypass the shim, so their bytes come off the shims' budget.
     pub bypass: u64,
+    /// The same, by GPU index, for processes whose GPU is known ([`super::devmap`]); those
+    /// are left out of `bypass`.
+    pub bypass_on: HashMap<u32, u64>,
+}
+
+impl LedgerView {
+    /// What bypassing processes hold that may be on GPU `d`.
+    fn bypass_at(&self, d: u32) -> u64 {
+        self.bypass + self.bypass_on.get(&d).copied().unwrap_or(0)
+    }
 }
 
 /// A cgroup with a memory limit of its own.
@@ -236,13 +246,13 @@ pub fn plan(
         .zip(ledgers)
         .map(|(s, l)| {
             s.iter()
-                .map(|(d, b)| (*d, b.saturating_sub(l.bypass)))
+                .map(|(d, b)| (*d, b.saturating_sub(l.bypass_at(*d))))
                 .collect()
         })
         .collect();
     let used = |i: usize, d: u32| {
         let own = ledgers[i].used.get(&d).copied().unwrap_or(0);
-        own.max(of(&shims, i, d)) + ledgers[i].bypass.min(of(&share, i, d))
+        own.max(of(&shims, i, d)) + ledgers[i].bypass_at(d).min(of(&share, i, d))
     };
     ledgers
         .iter()
@@ -256,7 +266,7 @@ pub fn plan(
                         .map(|x| used(x, d))
                         .sum();
                     let kernel_rest = kernel(p.cgroup_id, d).saturating_sub(of(&share, i, d));
-                    let bypass = l.bypass.min(of(&share, i, d));
+                    let bypass = l.bypass_at(d).min(of(&share, i, d));
                     let budget = p
                         .bytes
                         .saturating_sub(others.max(kernel_rest).saturating_add(bypass));
@@ -275,8 +285,10 @@ pub fn plan(
 /// What processes that do not use the shim hold, per ledger: each process (host PID,
 /// cgroup, bytes, from the kernel's `procs`) belongs to the ledger of the deepest ledger
 /// cgroup above or at its cgroup.
-fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<u64> {
-    let mut out = vec![0; ledgers.len()];
+/// Processes whose GPUs are known count on those GPUs only ([`super::devmap`]).
+fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<(u64, HashMap<u32, u64>)> {
+    let mut out = vec![(0, HashMap::new()); ledgers.len()];
+    let placed = super::devmap::process_gpus(state);
     state.shims.prune();
     let procs = state.kernel.lock().expect("kernel maps lock").procs();
     let mut names = state.names.lock().expect("cgroup names lock");
@@ -290,7 +302,14 @@ fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<u64> {
         if let Some(i) = owner
             && !state.shims.uses_shim(*pid)
         {
-            out[i] += p.bytes;
+            match placed.get(pid) {
+                Some(on) => {
+                    for (g, b) in on {
+                        *out[i].1.entry(*g).or_default() += b;
+                    }
+                }
+                None => out[i].0 += p.bytes,
+            }
         }
     }
     out
@@ -310,13 +329,18 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
         .filter_map(|g| Some((g.index, uuid_bytes(&g.uuid)?)))
         .collect();
     let uuids = &uuids;
+    // On a node of several GPUs every GPU gets its record at once (bound here if no shim
+    // has yet), so that each has its own budget before the first allocation on it.
+    let several = uuids.len() > 1;
     let record = |l: &CgroupLedger, uuid: &[u8; 16]| {
         let key = uuid_key(uuid);
-        l.ledger()
+        let found = l
+            .ledger()
             .usage
             .devices
             .iter()
-            .position(|r| r.key.load(SeqCst) == key)
+            .position(|r| r.key.load(SeqCst) == key);
+        found.or_else(|| several.then(|| l.ledger().device_index(uuid)).flatten())
     };
     // A sibling's budget must not wait for the publisher's once-a-second reclaim of a dead
     // process's share: take dead slots back first (a few fcntl calls per slot in use).
@@ -330,8 +354,9 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
     let views: Vec<LedgerView> = ledgers
         .iter()
         .zip(bypass)
-        .map(|(l, bypass)| LedgerView {
+        .map(|(l, (bypass, bypass_on))| LedgerView {
             bypass,
+            bypass_on,
             cgroup: l.cgroup.clone(),
             cgroup_id: l.cgroup_id,
             used: uuids
@@ -435,6 +460,7 @@ mod tests {
     fn view(cgroup: &str, id: u64, used: u64) -> LedgerView {
         LedgerView {
             bypass: 0,
+            bypass_on: HashMap::new(),
             cgroup: cgroup.into(),
             cgroup_id: id,
             used: HashMap::from([(0, used)]),
@@ -500,6 +526,7 @@ mod tests {
         // out, and their limit does not cover it.
         let mixed = [LedgerView {
             bypass: 3 * GIB,
+            bypass_on: HashMap::new(),
             ..view("/pod", 1, 2 * GIB)
         }];
         let plans = plan(&mixed, &limited, &tree, &[0]);

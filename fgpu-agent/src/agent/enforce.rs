@@ -95,6 +95,15 @@ pub fn desired(state: &State) -> HashMap<u64, KernelLimit> {
     out
 }
 
+/// Each limited cgroup's per-GPU memory limit, by cgroup id.
+fn per_gpu_limits(state: &State) -> HashMap<u64, u64> {
+    let store = state.limits.lock().expect("limits lock");
+    store
+        .all()
+        .filter_map(|(path, l)| Some((cgroup_id(&state.cgroup2_mount, path)?, l.memory_bytes?)))
+        .collect()
+}
+
 /// Writes the `limits` map from the limit store; returns how many entries changed.
 pub fn sync(state: &State) -> usize {
     let want = desired(state);
@@ -135,6 +144,14 @@ pub fn reconcile(state: &State, gc: bool) {
             over_now.insert(key.cgroup_id, (*bytes, limit.bytes));
         }
     }
+    // Per GPU, where the agent can place the kernel's bytes (super::devmap).
+    let mut holders = HashMap::new();
+    for o in super::devmap::over_on_one_gpu(state, &per_gpu_limits(state)) {
+        over_now.entry(o.cgroup_id).or_insert((o.bytes, o.limit));
+        if let Some(pid) = o.holder {
+            holders.entry(o.cgroup_id).or_insert((pid, o.gpu));
+        }
+    }
     let mut over = state.enforce.over.lock().expect("enforcer lock");
     over.retain(|id, _| over_now.contains_key(id));
     for (id, (bytes, limit)) in over_now {
@@ -164,7 +181,10 @@ pub fn reconcile(state: &State, gc: bool) {
                 Size(limit)
             );
         } else if *passes == 2 && state.on_exceed == OnExceed::Kill {
-            kill_largest(state, &snap.procs, &path);
+            match holders.get(&id) {
+                Some(&(pid, gpu)) => super::devmap::kill_holder(pid, gpu, &path),
+                None => kill_largest(state, &snap.procs, &path),
+            }
         }
     }
     drop(over);

@@ -78,6 +78,30 @@ impl Gpus {
         mean_per_process(&samples)
     }
 
+    /// NVML's per-process device memory: (NVML index, host PID, bytes), for every device
+    /// (see [`super::devmap`]). Empty without NVML; processes whose figure NVML cannot give
+    /// are left out.
+    pub fn process_memory(&self) -> Vec<(u32, u32, u64)> {
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        let Some(nvml) = &self.nvml else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for g in &self.devices {
+            let Ok(procs) = nvml
+                .device_by_index(g.index)
+                .and_then(|d| d.running_compute_processes())
+            else {
+                continue;
+            };
+            out.extend(procs.into_iter().filter_map(|p| match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => Some((g.index, p.pid, b)),
+                UsedGpuMemory::Unavailable => None,
+            }));
+        }
+        out
+    }
+
     /// The largest device's memory, if any device is known.
     pub fn largest_memory(&self) -> Option<u64> {
         self.devices.iter().map(|g| g.memory_total_bytes).max()

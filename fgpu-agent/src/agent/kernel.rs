@@ -136,6 +136,15 @@ impl KernelMaps {
             .with_context(|| format!("removing the kernel limit of cgroup {cgroup_id}"))
     }
 
+    /// The ancestry the kernel recorded, by cgroup id.
+    pub fn ancestry(&self) -> std::collections::HashMap<u64, CgroupTree> {
+        self.cg_tree
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(k, v)| (k, v.0))
+            .collect()
+    }
+
     /// Cgroups whose ancestry the kernel recorded.
     pub fn recorded_cgroups(&self) -> Vec<u64> {
         self.cg_tree.keys().filter_map(Result::ok).collect()

@@ -8,8 +8,7 @@
 //! and a change that cannot be persisted is not applied.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -108,22 +107,8 @@ impl LimitStore {
     fn commit(&mut self, next: BTreeMap<String, Limit>) -> Result<()> {
         let tmp = self.file.with_extension("json.tmp");
         let bytes = serde_json::to_vec_pretty(&next)?;
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &self.file)?;
-            if let Some(dir) = self.file.parent() {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        };
-        write().with_context(|| format!("saving limits to {}", self.file.display()))?;
+        crate::statefile::write_atomic(&self.file, &tmp, &bytes, 0o600)
+            .with_context(|| format!("saving limits to {}", self.file.display()))?;
         self.limits = next;
         Ok(())
     }

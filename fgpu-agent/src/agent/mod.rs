@@ -11,6 +11,7 @@ mod cgroups;
 mod compute;
 mod containers;
 mod control;
+mod devmap;
 mod discovery;
 mod doors;
 mod enforce;

@@ -28,7 +28,10 @@ impl Probes {
         ensure_tracefs()?;
         let mut pins = Pins::open(pin_dir)?;
         let reused = pins.has_maps();
-        let mut ebpf = match load_object(&pins) {
+        // Maps pinned by an agent of another build can fail at load or, when their sizes
+        // still fit, only when the programs that use them are verified: either way start over
+        // with fresh maps (once), saying so, rather than stopping on a verifier log.
+        let mut ebpf = match load_verified(&pins) {
             Ok(ebpf) => ebpf,
             Err(err) if reused => {
                 tracing::warn!(
@@ -37,24 +40,23 @@ impl Probes {
                     pins.dir.display()
                 );
                 pins.reset_maps();
-                load_object(&pins)?
+                load_verified(&pins).with_context(|| {
+                    format!(
+                        "loading fgpu's eBPF programs with fresh maps in {} (remove that \
+                         directory if an older agent left other state there)",
+                        pins.dir.display()
+                    )
+                })?
             }
             Err(err) => return Err(err),
         };
         if reused {
             tracing::info!(dir = %pins.dir.display(), "reusing the kernel state of the previous agent");
         }
-        for name in [fgpu_ebpf::PROG_ENTER, fgpu_ebpf::PROG_LEAVE] {
-            uprobe(&mut ebpf, name)?
-                .load()
-                .with_context(|| format!("verifying eBPF program {name}"))?;
-        }
         let exit: &mut TracePoint = ebpf
             .program_mut(fgpu_ebpf::PROG_EXIT)
             .context("eBPF object lacks the process-exit program")?
             .try_into()?;
-        exit.load()
-            .with_context(|| format!("verifying eBPF program {}", fgpu_ebpf::PROG_EXIT))?;
         let id = exit
             .attach("sched", "sched_process_exit")
             .context("attaching to tracepoint sched/sched_process_exit")?;
@@ -63,8 +65,6 @@ impl Probes {
             .program_mut(fgpu_ebpf::PROG_EXEC)
             .context("eBPF object lacks the exec program")?
             .try_into()?;
-        exec.load()
-            .with_context(|| format!("verifying eBPF program {}", fgpu_ebpf::PROG_EXEC))?;
         let id = exec
             .attach("sched", "sched_process_exec")
             .context("attaching to tracepoint sched/sched_process_exec")?;
@@ -130,6 +130,25 @@ impl Probes {
         }
         Ok(())
     }
+}
+
+/// Loads the object with `pins`' maps and verifies every program (attached afterwards).
+fn load_verified(pins: &Pins) -> Result<Ebpf> {
+    let mut ebpf = load_object(pins)?;
+    for name in [fgpu_ebpf::PROG_ENTER, fgpu_ebpf::PROG_LEAVE] {
+        uprobe(&mut ebpf, name)?
+            .load()
+            .with_context(|| format!("verifying eBPF program {name}"))?;
+    }
+    for name in [fgpu_ebpf::PROG_EXIT, fgpu_ebpf::PROG_EXEC] {
+        let tp: &mut TracePoint = ebpf
+            .program_mut(name)
+            .with_context(|| format!("eBPF object lacks program {name}"))?
+            .try_into()?;
+        tp.load()
+            .with_context(|| format!("verifying eBPF program {name}"))?;
+    }
+    Ok(ebpf)
 }
 
 fn load_object(pins: &Pins) -> Result<Ebpf> {

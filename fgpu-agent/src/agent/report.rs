@@ -45,7 +45,7 @@ pub struct State {
 
 impl State {
     pub fn report(&self) -> StatusReport {
-        let snap = self.kernel.lock().expect("kernel maps lock").snapshot();
+        let snap = super::devmap::snapshot(self);
         let mut names = self.names.lock().expect("cgroup names lock");
         let mut report = build(&snap, |id| names.path_of(id));
         let limits = self.limits.lock().expect("limits lock");
@@ -115,7 +115,7 @@ impl State {
                 ledger.apply(&limits.effective(&ledger.cgroup).0);
             }
         }
-        let tree = self.kernel.lock().expect("kernel maps lock").tree();
+        let tree = super::devmap::tree(self);
         super::budget::refresh(self, &super::budget::tree_by_key(&tree));
     }
 }

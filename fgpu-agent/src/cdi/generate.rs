@@ -1,7 +1,6 @@
 //! `fgpu cdi generate`: finds the node's GPUs (NVML) and fgpu's files, and writes the spec.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -158,18 +157,8 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
     }
     let name = path.file_name().context("--output needs a file name")?;
     let tmp = path.with_file_name(format!(".{}.tmp", name.to_string_lossy()));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    };
-    write().with_context(|| format!("writing {}", path.display()))
+    crate::statefile::write_atomic(path, &tmp, bytes, 0o644)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn list_gpus(args: &GenerateArgs) -> Result<Vec<Gpu>> {

@@ -350,3 +350,14 @@ pub fn find_python() -> PathBuf {
         })
         .expect("python3 is needed for the HIP client")
 }
+
+/// The stdout of a command that must have succeeded (its output in the panic otherwise).
+pub fn ok(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "fgpu failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

@@ -12,7 +12,10 @@
 //!   alloc SIZE | alloc-api {mem_alloc|pitch|managed|async|pool|vmm|array} SIZE
 //!   free-last | free N | free-all | trim | info | launch N KERNEL | graph N KERNEL REPLAYS
 //!   sync | sleep MS | hold | nvml
+//!   device N                    (make ordinal N's primary context current; prints its UUID)
+//!   devices                     (the visible ordinals and their UUIDs)
 //!   launch-for MS KERNEL        (10 launches + sync, repeated for MS ms; prints n)
+//!   launch-for-each MS KERNEL   (launch-for on every visible device at once, a thread each)
 //!   graph-for MS N KERNEL       (a graph of N launches replayed for MS ms; prints replays)
 //!   steps-for MS K KERNEL GAP_US [SPIN_US] (K launches + sync + GAP_US of host time,
 //!                                repeated for MS ms; SPIN_US of host work before each
@@ -110,6 +113,8 @@ unsafe fn fn_ptr<F: Copy>(p: Ptr) -> F {
 /// The driver entry points this program uses, with their C signatures.
 struct Api {
     device_get: unsafe extern "C" fn(*mut i32, i32) -> R,
+    device_get_count: unsafe extern "C" fn(*mut i32) -> R,
+    device_get_uuid: unsafe extern "C" fn(*mut [u8; 16], i32) -> R,
     ctx_retain: unsafe extern "C" fn(*mut usize, i32) -> R,
     ctx_set_current: unsafe extern "C" fn(usize) -> R,
     ctx_synchronize: unsafe extern "C" fn() -> R,
@@ -160,6 +165,8 @@ impl Api {
     fn load(lib: &Lib) -> Api {
         Api {
             device_get: entry!(lib, "cuDeviceGet", "cuDeviceGet"),
+            device_get_count: entry!(lib, "cuDeviceGetCount", "cuDeviceGetCount"),
+            device_get_uuid: entry!(lib, "cuDeviceGetUuid", "cuDeviceGetUuid_v2"),
             ctx_retain: entry!(lib, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"),
             ctx_set_current: entry!(lib, "cuCtxSetCurrent", "cuCtxSetCurrent"),
             ctx_synchronize: entry!(lib, "cuCtxSynchronize", "cuCtxSynchronize"),
@@ -258,6 +265,8 @@ struct Driver {
     api: Api,
     /// The primary context, made current on every thread this tool starts.
     ctx: usize,
+    /// The CUDA ordinal of `ctx` (`device N` switches).
+    dev: i32,
     allocs: Vec<Alloc>,
     pool: usize,
     failed: bool,
@@ -331,7 +340,7 @@ impl Driver {
                         alloc_type: 1,
                         handle_types: 0,
                         location_type: DEVICE,
-                        location_id: 0,
+                        location_id: self.dev,
                         win32: std::ptr::null_mut(),
                         max_size: 0,
                         usage: 0,
@@ -385,6 +394,64 @@ impl Driver {
         }
     }
 
+    /// Makes ordinal `n`'s primary context current (allocations and launches go there).
+    fn use_device(&mut self, n: i32) {
+        let a = &self.api;
+        let (mut dev, mut ctx) = (0i32, 0usize);
+        // SAFETY: documented signatures, pointers to valid locals.
+        let rc = (|| unsafe {
+            step!((a.device_get)(&mut dev, n));
+            step!((a.ctx_retain)(&mut ctx, dev));
+            (a.ctx_set_current)(ctx)
+        })();
+        let uuid = if rc == 0 {
+            self.uuid(dev)
+        } else {
+            String::new()
+        };
+        self.report(
+            rc,
+            format!("device ok ordinal={n} uuid={uuid}"),
+            format!("device fail ordinal={n} rc={rc}"),
+        );
+        if rc == 0 {
+            (self.ctx, self.dev, self.pool) = (ctx, dev, 0);
+        }
+    }
+
+    /// `GPU-...` form of ordinal `dev`'s UUID.
+    fn uuid(&self, dev: i32) -> String {
+        let mut b = [0u8; 16];
+        // SAFETY: documented signature, a 16-byte out-buffer.
+        if unsafe { (self.api.device_get_uuid)(&mut b, dev) } != 0 {
+            return "?".into();
+        }
+        let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        format!(
+            "GPU-{}-{}-{}-{}-{}",
+            &h[0..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..32]
+        )
+    }
+
+    /// One line per visible ordinal: `ordinal N uuid=...`.
+    fn devices(&mut self) {
+        let mut n = 0i32;
+        // SAFETY: documented signature, valid out-pointer.
+        let rc = unsafe { (self.api.device_get_count)(&mut n) };
+        self.report(
+            rc,
+            format!("devices count={n}"),
+            format!("devices fail rc={rc}"),
+        );
+        for o in 0..n {
+            out(format!("ordinal {o} uuid={}", self.uuid(o)));
+        }
+    }
+
     /// cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess.
     fn vmm_alloc(&self, n: usize, ptr: &mut u64, handle: &mut usize) -> i32 {
         let a = &self.api;
@@ -392,13 +459,13 @@ impl Driver {
             alloc_type: 1,
             handle_types: 0,
             location_type: DEVICE,
-            location_id: 0,
+            location_id: self.dev,
             win32: std::ptr::null_mut(),
             flags: [0; 8],
         };
         let access = AccessDesc {
             location_type: DEVICE,
-            location_id: 0,
+            location_id: self.dev,
             flags: 3,
         };
         // SAFETY: documented signatures, pointers to valid locals (all four calls).
@@ -619,6 +686,75 @@ impl Driver {
             format!("launch-for ok n={n} kernel={kernel} elapsed_ms={elapsed:.1}"),
             format!("launch-for fail rc={rc} kernel={kernel}"),
         );
+    }
+
+    /// [`Driver::launch_for`] on every visible device at once, a thread per device (as a
+    /// process driving several GPUs does); one `launch-for ok ... ordinal=N` line per device.
+    fn launch_for_each(&mut self, ms: u64, kernel: &str) {
+        let mut count = 0i32;
+        // SAFETY: documented signature, valid out-pointer.
+        let rc = unsafe { (self.api.device_get_count)(&mut count) };
+        let mut per = Vec::new();
+        for o in 0..if rc == 0 { count } else { 0 } {
+            self.use_device(o);
+            match self.function(kernel) {
+                Ok(f) => per.push((o, self.ctx, f)),
+                Err(rc) => self.report(
+                    rc,
+                    String::new(),
+                    format!("launch-for fail rc={rc} ordinal={o}"),
+                ),
+            }
+        }
+        let (set_ctx, launch, sync) = (
+            self.api.ctx_set_current,
+            self.api.launch_kernel,
+            self.api.ctx_synchronize,
+        );
+        let workers: Vec<_> = per
+            .into_iter()
+            .map(|(o, ctx, f)| {
+                std::thread::spawn(move || {
+                    let t = Instant::now();
+                    let null = std::ptr::null_mut();
+                    let mut n = 0u64;
+                    // SAFETY: documented driver signatures; the kernel takes no parameters.
+                    let rc = unsafe {
+                        let mut rc = set_ctx(ctx);
+                        while rc == 0 {
+                            for _ in 0..10 {
+                                rc = launch(f, 1, 1, 1, 32, 1, 1, 0, 0, null, null);
+                                if rc != 0 {
+                                    break;
+                                }
+                            }
+                            if rc == 0 {
+                                rc = sync();
+                            }
+                            if rc == 0 {
+                                n += 10;
+                            }
+                            if t.elapsed().as_millis() as u64 >= ms {
+                                break;
+                            }
+                        }
+                        rc
+                    };
+                    (o, rc, n, t.elapsed().as_secs_f64() * 1e3)
+                })
+            })
+            .collect();
+        for w in workers {
+            let Ok((o, rc, n, elapsed)) = w.join() else {
+                self.report(1, String::new(), "launch-for fail panicked".into());
+                continue;
+            };
+            self.report(
+                rc,
+                format!("launch-for ok n={n} kernel={kernel} elapsed_ms={elapsed:.1} ordinal={o}"),
+                format!("launch-for fail rc={rc} kernel={kernel} ordinal={o}"),
+            );
+        }
     }
 
     /// A training or decoding loop: steps of `k` launches of `kernel`, a synchronisation and
@@ -937,6 +1073,7 @@ fn main() {
     let mut d = Driver {
         api,
         ctx,
+        dev,
         allocs: Vec::new(),
         pool: 0,
         failed: false,
@@ -995,6 +1132,12 @@ fn main() {
                     d.graph(n, &kernel, replays);
                 }
             }
+            "launch-for-each" => {
+                let ms = num_arg(args.get(i)).unwrap_or(1000);
+                let kernel = args.get(i + 1).cloned().unwrap_or_default();
+                i += 2;
+                d.launch_for_each(ms, &kernel);
+            }
             "launch-for" => {
                 let ms = num_arg(args.get(i)).unwrap_or(1000);
                 let kernel = args.get(i + 1).cloned().unwrap_or_default();
@@ -1046,6 +1189,12 @@ fn main() {
                 i += 2;
                 d.alloc_free_pairs(cmd, threads, pairs, size);
             }
+            "device" => {
+                let n = num_arg(args.get(i)).unwrap_or(0);
+                i += 1;
+                d.use_device(n as i32);
+            }
+            "devices" => d.devices(),
             "sleep" => {
                 let ms = num_arg(args.get(i)).unwrap_or(0);
                 i += 1;

@@ -89,9 +89,8 @@ pub extern "C" fn cu_ctx_set_current(ctx: Handle) -> CUresult {
 pub extern "C" fn cu_ctx_get_device(out: *mut CUdevice) -> CUresult {
     let dev = local().current_dev();
     rc(dev.and_then(|d| {
-        put(out, d as CUdevice)
-            .then_some(())
-            .ok_or(CUDA_ERROR_INVALID_VALUE)
+        let ord = device::ordinal_of(d).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        put(out, ord).then_some(()).ok_or(CUDA_ERROR_INVALID_VALUE)
     }))
 }
 

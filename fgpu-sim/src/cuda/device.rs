@@ -4,6 +4,7 @@ use super::*;
 use crate::ffi::{put, put_str};
 use crate::process::{init, local};
 use crate::state::{Shared, shared};
+use crate::visible;
 
 pub const DEVICE_NAME: &str = "fgpu-sim H200";
 
@@ -24,12 +25,23 @@ pub fn initialized() -> Result<&'static Shared, CUresult> {
     shared().ok_or(CUDA_ERROR_NOT_INITIALIZED)
 }
 
+/// The physical device that CUDA ordinal `dev` names under this process's
+/// `CUDA_VISIBLE_DEVICES` ([`crate::visible`]). Everything behind the API (contexts, charges,
+/// timelines, NVML) works on physical indices.
 pub fn device_index(dev: CUdevice) -> Result<usize, CUresult> {
     let s = initialized()?;
     usize::try_from(dev)
         .ok()
-        .filter(|&d| d < s.devices())
+        .and_then(|o| visible::map(s.devices()).get(o).copied())
         .ok_or(CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// The CUDA ordinal of physical device `phys` in this process (it is visible: the caller
+/// holds a context on it).
+pub fn ordinal_of(phys: usize) -> Option<CUdevice> {
+    let s = shared()?;
+    let o = visible::map(s.devices()).iter().position(|&p| p == phys)?;
+    CUdevice::try_from(o).ok()
 }
 
 pub extern "C" fn cu_init(flags: u32) -> CUresult {
@@ -37,6 +49,7 @@ pub extern "C" fn cu_init(flags: u32) -> CUresult {
         return CUDA_ERROR_INVALID_VALUE;
     }
     match init() {
+        Some(s) if visible::map(s.devices()).is_empty() => CUDA_ERROR_NO_DEVICE,
         Some(_) => CUDA_SUCCESS,
         None => CUDA_ERROR_NOT_INITIALIZED,
     }
@@ -60,7 +73,7 @@ pub extern "C" fn cu_device_get(out: *mut CUdevice, ordinal: i32) -> CUresult {
 
 pub extern "C" fn cu_device_get_count(out: *mut i32) -> CUresult {
     rc(initialized().and_then(|s| {
-        put(out, s.devices() as i32)
+        put(out, visible::map(s.devices()).len() as i32)
             .then_some(())
             .ok_or(CUDA_ERROR_INVALID_VALUE)
     }))

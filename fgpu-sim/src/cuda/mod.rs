@@ -24,6 +24,7 @@ pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;

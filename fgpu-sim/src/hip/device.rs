@@ -80,7 +80,10 @@ pub extern "C" fn hip_device_total_mem(out: *mut usize, ord: i32) -> HipError {
         return e;
     }
     match physical(ord) {
-        Ok(p) => cu::cu_device_total_mem(out, p as i32),
+        Ok(p) => match cuda_ord(p) {
+            Ok(o) => cu::cu_device_total_mem(out, o),
+            Err(e) => e,
+        },
         Err(e) => e,
     }
 }
@@ -90,7 +93,10 @@ pub extern "C" fn hip_device_get_name(name: *mut c_char, len: i32, ord: i32) -> 
         return e;
     }
     match physical(ord) {
-        Ok(p) => cu::cu_device_get_name(name, len, p as i32),
+        Ok(p) => match cuda_ord(p) {
+            Ok(o) => cu::cu_device_get_name(name, len, o),
+            Err(e) => e,
+        },
         Err(e) => e,
     }
 }

@@ -77,7 +77,7 @@ fn physical_location<T: Copy>(
     let mut p = get(prop).ok_or(HIP_ERROR_INVALID_VALUE)?;
     let (id, ty) = loc(&mut p);
     if ty == 1 {
-        *id = physical(*id)? as i32;
+        *id = cuda_ord(physical(*id)?)?;
     }
     Ok(p)
 }
@@ -104,7 +104,10 @@ pub extern "C" fn hip_mem_pool_trim_to(p: usize, keep: usize) -> HipError {
 
 pub extern "C" fn hip_device_get_default_mem_pool(pool_out: *mut usize, ord: i32) -> HipError {
     call(|_| match physical(ord) {
-        Ok(d) => pool::cu_device_get_default_mem_pool(pool_out, d as i32),
+        Ok(d) => match cuda_ord(d) {
+            Ok(o) => pool::cu_device_get_default_mem_pool(pool_out, o),
+            Err(e) => e,
+        },
         Err(e) => e,
     })
 }

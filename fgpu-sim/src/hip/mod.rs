@@ -72,6 +72,13 @@ fn select(from: &[usize], list: Option<&str>) -> Vec<usize> {
     out
 }
 
+/// The CUDA ordinal of physical device `phys` in this process: the HIP layer calls the CUDA
+/// simulation's entry points, which take CUDA ordinals (after `CUDA_VISIBLE_DEVICES`, which
+/// the real HIP runtime also honours). A device hidden from CUDA is invalid for HIP too.
+pub fn cuda_ord(phys: usize) -> Result<i32, HipError> {
+    crate::cuda::device::ordinal_of(phys).ok_or(HIP_ERROR_INVALID_DEVICE)
+}
+
 /// The physical device of HIP ordinal `ord`.
 pub fn physical(ord: i32) -> Result<usize, HipError> {
     usize::try_from(ord)
@@ -104,13 +111,14 @@ pub fn enter() -> Result<usize, HipError> {
     let dev = physical(current_ordinal())?;
     if RETAINED.load(SeqCst) & (1 << dev) == 0 {
         let mut ctx = 0usize;
-        let rc = context::cu_device_primary_ctx_retain(&mut ctx, dev as i32);
+        let ord = cuda_ord(dev)?;
+        let rc = context::cu_device_primary_ctx_retain(&mut ctx, ord);
         if rc != cuda::CUDA_SUCCESS {
             return Err(rc);
         }
         if RETAINED.fetch_or(1 << dev, SeqCst) & (1 << dev) != 0 {
             // Another thread retained it meanwhile: keep one reference.
-            context::cu_device_primary_ctx_release(dev as i32);
+            context::cu_device_primary_ctx_release(ord);
         }
     }
     context::cu_ctx_set_current(CTX_BASE + dev);
