@@ -37,6 +37,7 @@ macro_rules! trampolines {
         )*
     };
 }
+pub(crate) use trampolines;
 
 trampolines! {
     cuInit => device::cu_init;

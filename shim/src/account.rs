@@ -200,13 +200,30 @@ pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Ch
     let Some(idx) = dev_index(l, ord) else {
         return Ok(None);
     };
+    reserve_at(api, (l, slot), ord, idx, bytes, |near| {
+        crate::context::maybe_refresh_overhead(ord, idx, near);
+    })
+}
+
+/// [`reserve`] on ledger record `idx` (ordinal `ord` as the process sees it, for the
+/// environment's per-device limits and the log), `refresh` called with whether the request
+/// comes near the limit. Also used by the HIP paths (crate::hip), whose devices are bound to
+/// ledger records by HIP UUID.
+pub fn reserve_at(
+    api: &str,
+    (l, slot): (&Ledger, usize),
+    ord: CUdevice,
+    idx: usize,
+    bytes: u64,
+    refresh: impl FnOnce(bool),
+) -> Result<Option<Charge>, ()> {
     let charge = Charge { idx, ord, bytes };
     if bytes == 0 {
         return Ok(Some(charge));
     }
     let lim = limit(l, ord, idx);
     let near = used(l, idx).saturating_add(bytes) >= lim - lim / 10;
-    crate::context::maybe_refresh_overhead(ord, idx, near);
+    refresh(near);
     let mut r = try_reserve(l, idx, slot, bytes, lim);
     if r.is_err() && ledger_file::sweep() > 0 {
         r = try_reserve(l, idx, slot, bytes, lim);

@@ -66,7 +66,10 @@ fn is_gpa(name: &[u8]) -> bool {
 
 /// Whether `name` can be one of ours at all (cheap filter before comparing names).
 fn candidate(name: &[u8]) -> bool {
-    name.starts_with(b"cu") || name.starts_with(b"nvml")
+    name.starts_with(b"cu")
+        || name.starts_with(b"nvml")
+        || name.starts_with(b"hip")
+        || name.starts_with(b"rsmi")
 }
 
 /// `dlsym(RTLD_NEXT, name)`: our wrapper if `name` is wrapped and the driver is loaded, else
@@ -92,7 +95,7 @@ extern "C" fn rtld_next_lookup(name: *const c_char) -> *mut c_void {
     if !crate::config::active() && !is_gpa(n) {
         return std::ptr::null_mut();
     }
-    match crate::gpa::wrapper_by_name(n) {
+    match crate::gpa::wrapper_by_name(n).or_else(|| crate::hip::wrapper_by_name(n)) {
         Some((wrapper, raw)) if raw.addr() != 0 => wrapper as *mut c_void,
         _ => std::ptr::null_mut(),
     }
@@ -115,7 +118,10 @@ extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
         Some((w, r)) => (w, r, true),
         None => match crate::gpa::wrapper_by_name(n) {
             Some((w, r)) => (w, r, is_gpa(n)),
-            None => return p,
+            None => match crate::hip::wrapper_by_name(n) {
+                Some((w, r)) => (w, r, false),
+                None => return p,
+            },
         },
     };
     let enforce = || always || crate::config::active();

@@ -16,6 +16,7 @@
 //! - [`ledger_file`]: where the ledger comes from (the agent, the standalone file) and process
 //!   slots; [`agent_link`]: the agent connection (Hello, the two memfds, reconnects); [`fork`];
 //!   [`config`]; [`log`].
+//! - [`hip`]: the same limits for AMD's HIP runtime and ROCm SMI (docs/amd.md).
 
 mod account;
 mod agent_link;
@@ -27,6 +28,7 @@ mod dlsym;
 mod fork;
 mod gate;
 mod gpa;
+mod hip;
 mod hook;
 mod launch;
 mod ledger_file;

@@ -29,16 +29,35 @@ pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
 pub enum Lib {
     Cuda = 0,
     Nvml = 1,
+    /// AMD's HIP runtime and ROCm SMI (crate::hip).
+    Hip = 2,
+    RocmSmi = 3,
 }
 
-const LIB_NAMES: [&CStr; 2] = [c"libcuda.so.1", c"libnvidia-ml.so.1"];
+/// The names each library is looked up by (RTLD_NOLOAD), first one also loaded by.
+const LIB_NAMES: [&[&CStr]; 4] = [
+    &[c"libcuda.so.1"],
+    &[c"libnvidia-ml.so.1"],
+    &[
+        c"libamdhip64.so",
+        c"libamdhip64.so.7",
+        c"libamdhip64.so.6",
+        c"libamdhip64.so.5",
+    ],
+    &[
+        c"librocm_smi64.so",
+        c"librocm_smi64.so.7",
+        c"librocm_smi64.so.6",
+        c"librocm_smi64.so.5",
+    ],
+];
 
 /// Library handles (0 = not found yet).
-static HANDLES: [AtomicUsize; 2] = [AtomicUsize::new(0), AtomicUsize::new(0)];
+static HANDLES: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
 /// Whether every entry point of a library has been looked up in its loaded handle: an entry
 /// point still unresolved then is missing from this driver, and is not looked up again on
 /// every use (a failing `dlsym` costs microseconds: it formats an error message).
-static RESOLVED: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+static RESOLVED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
 
 /// One entry point: its name, library and resolved address (0 = unresolved).
 pub struct Raw {
@@ -92,7 +111,7 @@ pub struct Sym<F> {
 }
 
 impl<F: Copy> Sym<F> {
-    const fn new(lib: Lib, name: &'static CStr) -> Self {
+    pub(crate) const fn new(lib: Lib, name: &'static CStr) -> Self {
         Sym {
             raw: Raw {
                 name,
@@ -314,13 +333,12 @@ pub fn handle(lib: Lib) -> usize {
     if h != 0 {
         return h;
     }
-    // SAFETY: a valid C string; RTLD_NOLOAD never loads anything, it only looks up.
-    let h = unsafe {
-        libc::dlopen(
-            LIB_NAMES[lib as usize].as_ptr(),
-            libc::RTLD_NOW | libc::RTLD_NOLOAD,
-        )
-    } as usize;
+    let h = LIB_NAMES[lib as usize]
+        .iter()
+        // SAFETY: a valid C string; RTLD_NOLOAD never loads anything, it only looks up.
+        .map(|n| unsafe { libc::dlopen(n.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) } as usize)
+        .find(|&h| h != 0)
+        .unwrap_or(0);
     if h != 0 {
         HANDLES[lib as usize].store(h, Release);
     }
@@ -342,7 +360,7 @@ pub fn resolve(lib: Lib, load: bool) -> bool {
     let mut h = handle(lib);
     if h == 0 && load {
         // SAFETY: a valid C string; loading the driver library the program asked us to use.
-        h = unsafe { libc::dlopen(LIB_NAMES[lib as usize].as_ptr(), libc::RTLD_NOW) } as usize;
+        h = unsafe { libc::dlopen(LIB_NAMES[lib as usize][0].as_ptr(), libc::RTLD_NOW) } as usize;
         if h != 0 {
             HANDLES[lib as usize].store(h, Release);
         }
@@ -350,7 +368,11 @@ pub fn resolve(lib: Lib, load: bool) -> bool {
     if h == 0 {
         return false;
     }
-    for raw in ALL.iter().filter(|r| r.lib == lib) {
+    for raw in ALL
+        .iter()
+        .chain(crate::hip::real::ALL)
+        .filter(|r| r.lib == lib)
+    {
         if raw.loaded() == 0 {
             let p = crate::dlsym::real_dlsym(h as *mut c_void, raw.name.as_ptr()) as usize;
             if p != 0 {

@@ -18,7 +18,7 @@ use crate::real::{
 use std::ffi::{c_ulonglong, c_void};
 
 /// Drops one reference of handle `h`; gives its memory back when none is left.
-fn unref(h: MemHandle) {
+pub fn unref(h: MemHandle) {
     let mut gone = None;
     VMM.update(h, |e| {
         e.aux = e.aux.saturating_sub(1);

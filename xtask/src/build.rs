@@ -11,6 +11,14 @@ pub fn sim_dir() -> PathBuf {
     root().join("target").join("sim")
 }
 
+/// The sonames the simulated HIP runtime and ROCm SMI are installed under.
+pub const HIP_SIM_NAMES: [&str; 4] = [
+    "libamdhip64.so",
+    "libamdhip64.so.7",
+    "librocm_smi64.so",
+    "librocm_smi64.so.7",
+];
+
 /// `cargo build --release` of the workspace, then the sim installed into target/sim.
 /// Returns the release directory.
 pub fn release() -> Result<PathBuf> {
@@ -29,10 +37,14 @@ pub fn install_sim(profile_dir: &Path) -> Result<()> {
     for name in ["libcuda.so.1", "libnvidia-ml.so.1"] {
         copy(&lib, &sim.join(name))?;
     }
-    copy(
-        &profile_dir.join("fgpu-sim-load"),
-        &sim.join("fgpu-sim-load"),
-    )?;
+    // The HIP personality (docs/amd.md): separate copies, so that RTLD_NOLOAD of a CUDA name
+    // never finds the HIP library of a process (glibc matches loaded objects by inode).
+    for name in crate::build::HIP_SIM_NAMES {
+        copy(&lib, &sim.join(name))?;
+    }
+    for bin in ["fgpu-sim-load", "fgpu-sim-hip"] {
+        copy(&profile_dir.join(bin), &sim.join(bin))?;
+    }
     println!("simulated driver installed in {}", sim.display());
     Ok(())
 }

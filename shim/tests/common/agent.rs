@@ -128,7 +128,13 @@ impl AgentWorld {
 
     /// A command in `cg` and a PID namespace of its own (with its own /proc), the sim on the
     /// library path, the shim preloaded, talking to this world's agent socket.
-    fn command(&self, cg: &Cgroup, env: &[(&str, &str)], program: &Path, args: &[&str]) -> Command {
+    pub fn command(
+        &self,
+        cg: &Cgroup,
+        env: &[(&str, &str)],
+        program: &Path,
+        args: &[&str],
+    ) -> Command {
         let mut cmd = Command::new("unshare");
         cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child"])
             .arg(program)
@@ -200,7 +206,7 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn start(mut c: Command) -> Self {
+    pub fn start(mut c: Command) -> Self {
         let mut child = c.spawn().expect("spawn");
         let stderr = child.stderr.take().unwrap();
         let err = std::thread::spawn(move || {

@@ -300,7 +300,7 @@ pub struct Held {
 }
 
 impl Held {
-    fn start(mut c: Command) -> Held {
+    pub fn start(mut c: Command) -> Held {
         let mut child = c.spawn().expect("spawn");
         let err = reader(child.stderr.take().unwrap());
         let mut out = BufReader::new(child.stdout.take().unwrap());

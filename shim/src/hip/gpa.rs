@@ -1,0 +1,84 @@
+//! `hipGetProcAddress` and the table of wrapped HIP / SMI names (for `dlsym` and
+//! `hipGetProcAddress`).
+//!
+//! `hipGetProcAddress` calls the real one first (the runtime decides the result, its status
+//! and its return code), then substitutes our wrapper if the pointer it returned is the real
+//! function of an entry point we wrap. Any other pointer passes through.
+
+#![allow(non_snake_case)]
+
+use super::alloc::real_or_3;
+use super::real::{self, HipError};
+use super::{alloc, enabled, info, vmm};
+use crate::real::Raw;
+use std::ffi::{c_char, c_int, c_void};
+
+macro_rules! wraps {
+    ($($real:ident => $wrapper:path,)*) => {
+        /// (our wrapper, the real entry) for an exported HIP or SMI name we wrap.
+        pub fn wrapper_by_name(name: &[u8]) -> Option<(usize, &'static Raw)> {
+            $(
+                if name == real::$real.raw.name.to_bytes() {
+                    return Some(($wrapper as *const () as usize, &real::$real.raw));
+                }
+            )*
+            None
+        }
+
+        /// Our wrapper for a real HIP entry point's address.
+        pub fn wrapper_by_real(p: usize) -> Option<usize> {
+            $(
+                if p == real::$real.raw.loaded() {
+                    return Some($wrapper as *const () as usize);
+                }
+            )*
+            None
+        }
+    };
+}
+
+wraps! {
+    HIP_GET_PROC_ADDRESS => hipGetProcAddress,
+    HIP_MALLOC => alloc::hipMalloc,
+    HIP_EXT_MALLOC_WITH_FLAGS => alloc::hipExtMallocWithFlags,
+    HIP_MALLOC_MANAGED => alloc::hipMallocManaged,
+    HIP_MALLOC_PITCH => alloc::hipMallocPitch,
+    HIP_FREE => alloc::hipFree,
+    HIP_MALLOC_ASYNC => alloc::hipMallocAsync,
+    HIP_MALLOC_FROM_POOL_ASYNC => alloc::hipMallocFromPoolAsync,
+    HIP_FREE_ASYNC => alloc::hipFreeAsync,
+    HIP_MEM_CREATE => vmm::hipMemCreate,
+    HIP_MEM_RELEASE => vmm::hipMemRelease,
+    HIP_MEM_MAP => vmm::hipMemMap,
+    HIP_MEM_UNMAP => vmm::hipMemUnmap,
+    HIP_MALLOC_ARRAY => vmm::hipMallocArray,
+    HIP_FREE_ARRAY => vmm::hipFreeArray,
+    HIP_MEM_GET_INFO => info::hipMemGetInfo,
+    HIP_DEVICE_TOTAL_MEM => info::hipDeviceTotalMem,
+    RSMI_DEV_MEMORY_TOTAL_GET => info::rsmi_dev_memory_total_get,
+    RSMI_DEV_MEMORY_USAGE_GET => info::rsmi_dev_memory_usage_get,
+}
+
+/// # Safety
+/// The HIP API contract of `hipGetProcAddress` (ROCm 6.2+).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn hipGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> HipError {
+    let f = real_or_3!(real::HIP_GET_PROC_ADDRESS);
+    // SAFETY: forwarding the caller's arguments unchanged.
+    let rc = unsafe { f(symbol, pfn, version, flags, status) };
+    if rc == 0 && !pfn.is_null() && enabled() {
+        // SAFETY: the caller's out-pointer, just written by the runtime.
+        let p = unsafe { pfn.read_unaligned() } as usize;
+        if let Some(w) = wrapper_by_real(p).filter(|_| p != 0) {
+            // SAFETY: writing the caller's out-pointer.
+            unsafe { pfn.write_unaligned(w as *mut c_void) };
+        }
+    }
+    rc
+}

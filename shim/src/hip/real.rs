@@ -1,0 +1,69 @@
+//! The real HIP runtime and ROCm SMI entry points (resolved like the CUDA ones, by
+//! [`crate::real`], from `libamdhip64.so*` / `librocm_smi64.so*` already in the process).
+
+#![allow(clippy::type_complexity)]
+
+use crate::real::{AllocPropHead, Handle, Lib, MemHandle, Raw, Sym};
+use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
+
+pub type HipError = c_int;
+pub type RsmiStatus = c_int;
+pub const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
+pub const HIP_ERROR_NOT_INITIALIZED: HipError = 3;
+pub const RSMI_STATUS_INIT_ERROR: RsmiStatus = 8;
+pub const RSMI_MEM_TYPE_VRAM: c_int = 0;
+
+/// `hipChannelFormatDesc`: bits per channel x, y, z, w and the kind.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ChannelFormatDesc {
+    pub x: c_int,
+    pub y: c_int,
+    pub z: c_int,
+    pub w: c_int,
+    pub kind: c_int,
+}
+
+type P = *mut *mut c_void;
+
+macro_rules! hip_syms {
+    ($( $id:ident $lib:ident $name:literal : fn($($a:ty),*) -> $r:ty ; )*) => {
+        $( pub static $id: Sym<unsafe extern "C" fn($($a),*) -> $r> = Sym::new(Lib::$lib, $name); )*
+        /// Every HIP and SMI entry point (resolved with the library, crate::real::resolve).
+        pub static ALL: &[&Raw] = &[$( &$id.raw ),*];
+    };
+}
+
+hip_syms! {
+    HIP_GET_PROC_ADDRESS Hip c"hipGetProcAddress":
+        fn(*const c_char, P, c_int, u64, *mut c_int) -> HipError;
+    HIP_MALLOC Hip c"hipMalloc": fn(P, usize) -> HipError;
+    HIP_EXT_MALLOC_WITH_FLAGS Hip c"hipExtMallocWithFlags": fn(P, usize, c_uint) -> HipError;
+    HIP_MALLOC_MANAGED Hip c"hipMallocManaged": fn(P, usize, c_uint) -> HipError;
+    HIP_MALLOC_PITCH Hip c"hipMallocPitch": fn(P, *mut usize, usize, usize) -> HipError;
+    HIP_FREE Hip c"hipFree": fn(*mut c_void) -> HipError;
+    HIP_MALLOC_ASYNC Hip c"hipMallocAsync": fn(P, usize, Handle) -> HipError;
+    HIP_MALLOC_FROM_POOL_ASYNC Hip c"hipMallocFromPoolAsync":
+        fn(P, usize, Handle, Handle) -> HipError;
+    HIP_FREE_ASYNC Hip c"hipFreeAsync": fn(*mut c_void, Handle) -> HipError;
+    HIP_MEM_CREATE Hip c"hipMemCreate":
+        fn(*mut MemHandle, usize, *const AllocPropHead, c_ulonglong) -> HipError;
+    HIP_MEM_RELEASE Hip c"hipMemRelease": fn(MemHandle) -> HipError;
+    HIP_MEM_MAP Hip c"hipMemMap":
+        fn(*mut c_void, usize, usize, MemHandle, c_ulonglong) -> HipError;
+    HIP_MEM_UNMAP Hip c"hipMemUnmap": fn(*mut c_void, usize) -> HipError;
+    HIP_MALLOC_ARRAY Hip c"hipMallocArray":
+        fn(*mut Handle, *const ChannelFormatDesc, usize, usize, c_uint) -> HipError;
+    HIP_FREE_ARRAY Hip c"hipFreeArray": fn(Handle) -> HipError;
+    HIP_MEM_GET_INFO Hip c"hipMemGetInfo": fn(*mut usize, *mut usize) -> HipError;
+    HIP_DEVICE_TOTAL_MEM Hip c"hipDeviceTotalMem": fn(*mut usize, c_int) -> HipError;
+    // Helpers, never wrapped.
+    HIP_GET_DEVICE Hip c"hipGetDevice": fn(*mut c_int) -> HipError;
+    HIP_DEVICE_GET_UUID Hip c"hipDeviceGetUuid": fn(*mut [u8; 16], c_int) -> HipError;
+
+    RSMI_DEV_MEMORY_TOTAL_GET RocmSmi c"rsmi_dev_memory_total_get":
+        fn(u32, c_int, *mut u64) -> RsmiStatus;
+    RSMI_DEV_MEMORY_USAGE_GET RocmSmi c"rsmi_dev_memory_usage_get":
+        fn(u32, c_int, *mut u64) -> RsmiStatus;
+    RSMI_DEV_UNIQUE_ID_GET RocmSmi c"rsmi_dev_unique_id_get": fn(u32, *mut u64) -> RsmiStatus;
+}
