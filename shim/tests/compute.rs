@@ -9,7 +9,17 @@ mod common;
 mod spy;
 
 use common::*;
+use std::sync::RwLock;
 use std::time::Instant;
+
+/// The launch-overhead benchmark measures tens of nanoseconds: it runs alone (write lock),
+/// the other tests of this binary beside each other (read lock), so that on a 2-core machine
+/// their simulated launches do not land in its numbers.
+static QUIET: RwLock<()> = RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    QUIET.read().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Re-executed as a client by `World::client`; does nothing in a normal test run.
 #[test]
@@ -49,6 +59,7 @@ fn gate_stat(o: &Out, key: &str) -> u64 {
 /// time takes about 3.33 s.
 #[test]
 fn a_capped_process_gets_its_share_of_an_idle_device() {
+    let _quiet = shared();
     let w = World::new("cap30");
     let o = w.load(
         &[("FGPU_COMPUTE_SHARE", "30"), ("FGPU_LOG", "info")],
@@ -72,6 +83,7 @@ fn a_capped_process_gets_its_share_of_an_idle_device() {
 /// names (dlsym of the versioned symbols) are gated the same way.
 #[test]
 fn ptsz_and_dlsym_direct_launches_are_gated() {
+    let _quiet = shared();
     let w = World::new("cap50v");
     for style in [&["--ptsz"][..], &["--dlsym-direct"][..]] {
         let mut args = style.to_vec();
@@ -95,6 +107,7 @@ fn ptsz_and_dlsym_direct_launches_are_gated() {
 /// half of this test guards against.
 #[test]
 fn launches_through_the_drivers_export_table_are_gated() {
+    let _quiet = shared();
     let w = World::new("cap50t");
     let run = |hooks: &str, args: &[&str]| {
         let mut a = vec!["--export-table"];
@@ -135,6 +148,7 @@ fn launches_through_the_drivers_export_table_are_gated() {
 /// so that the simulator's FIFO device never holds more than 50 ms of its work.)
 #[test]
 fn a_capped_process_stays_under_its_cap_next_to_an_unlimited_one() {
+    let _quiet = shared();
     let w = World::new("cap-vs-free");
     let mut free_args: Vec<&str> = Vec::new();
     for _ in 0..100 {
@@ -168,6 +182,7 @@ fn a_capped_process_stays_under_its_cap_next_to_an_unlimited_one() {
 /// GPU time) under a 30% cap take about 2 s. The capture itself is neither charged nor held.
 #[test]
 fn graph_launches_are_gated() {
+    let _quiet = shared();
     let w = World::new("graph30");
     let o = w.load(
         &[("FGPU_COMPUTE_SHARE", "30"), ("FGPU_LOG", "info")],
@@ -220,17 +235,22 @@ fn bench(w: &World, kernel: &str, n: &str, rounds: usize) -> (f64, f64) {
 /// shim, and the gate creates no event.
 #[test]
 fn an_unlimited_process_pays_no_gate() {
+    let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
     let w = World::new("nogate");
     // `sleep_0us` kernels take no device time: the loop measures the host path only.
-    let (bare, shim) = bench(&w, "sleep_0us", "200000", 5);
+    let (bare, shim) = bench(&w, "sleep_0us", "200000", 7);
     let (ebare, eshim) = bench(&w, "empty", "100000", 3);
     println!(
         "bench-launch sleep_0us: {bare:.0} ns/launch without the shim, {shim:.0} with it \
          ({:+.1}%); empty (2 us): {ebare:.0} / {eshim:.0} ns",
         100.0 * (shim - bare) / bare
     );
+    // The ungated path is an interposed symbol, one atomic load and a jump: a few ns, which
+    // best-of-7 runs on a shared 2-core machine resolve only to about +-4%. The gated path
+    // costs 1-2 us a launch on the simulator (events, stream queries), so 10% still fails on
+    // any launch that enters it.
     assert!(
-        shim <= bare * 1.05 + 5.0,
+        shim <= bare * 1.10,
         "launch overhead without a limit: {bare:.0} -> {shim:.0} ns"
     );
     // No events: the spy driver counts every cuEventCreate/cuEventRecord the shim makes.
@@ -254,6 +274,7 @@ fn an_unlimited_process_pays_no_gate() {
 /// recorded), and timing events are used.
 #[test]
 fn no_event_is_recorded_into_a_capturing_stream() {
+    let _quiet = shared();
     let w = World::new("capture");
     spy::install(&w);
     let o = w.load(
@@ -306,6 +327,7 @@ fn no_event_is_recorded_into_a_capturing_stream() {
 /// Bad FGPU_COMPUTE_SHARE values: one error line each, no cap (like FGPU_MEMORY_LIMIT).
 #[test]
 fn bad_share_values_are_ignored_with_one_line() {
+    let _quiet = shared();
     let w = World::new("badshare");
     for val in ["banana", "0", "101", "-5", "30GiB"] {
         let o = w.load(
@@ -364,6 +386,7 @@ fn map_ledger(path: &str) -> &'static fgpu_common::ledger::Ledger {
 /// the heartbeat stops, the shim falls back to a local cap at the ledger's rate after 1 s.
 #[test]
 fn a_ledger_cap_is_enforced_through_the_agents_turns() {
+    let _quiet = shared();
     use fgpu_common::ledger::compute::{TURN_CLOSED, TURN_OPEN};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
