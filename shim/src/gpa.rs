@@ -14,7 +14,10 @@ use crate::real::{self, CUresult, Raw};
 use crate::{alloc, array, context, meminfo, nvml, pool, vmm};
 use std::ffi::{c_char, c_int, c_void};
 
-macro_rules! wraps {
+/// The table of wrapped entry points: `REAL => wrapper` pairs, where `real::REAL` (resolved
+/// where the table is written: CUDA's or HIP's symbol table) is the real entry point. Makes
+/// `wrapper_by_name` (for `dlsym`) and `wrapper_by_real` (for `*GetProcAddress`).
+macro_rules! wrap_table {
     ($($real:ident => $wrapper:path,)*) => {
         /// (our wrapper, the real entry) for an exported name we wrap.
         pub fn wrapper_by_name(name: &[u8]) -> Option<(usize, &'static Raw)> {
@@ -37,8 +40,9 @@ macro_rules! wraps {
         }
     };
 }
+pub(crate) use wrap_table;
 
-wraps! {
+wrap_table! {
     CU_GET_PROC_ADDRESS => cuGetProcAddress,
     CU_GET_PROC_ADDRESS_V2 => cuGetProcAddress_v2,
     CU_MEM_ALLOC => alloc::cuMemAlloc_v2,

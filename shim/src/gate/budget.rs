@@ -98,11 +98,25 @@ fn sleep_ns(ns: u64) {
     unsafe { libc::nanosleep(&ts, std::ptr::null_mut()) };
 }
 
-/// The word the watcher sleeps on — the turn word of a ledger-gated device where this
-/// process has work queued, else of the first ledger-gated one — with its value now, and
-/// whether more than one device is gated (one futex cannot watch them all).
-pub fn watch_word() -> Option<(&'static AtomicU32, u32, bool)> {
-    let mut first = None;
+/// What the watcher thread needs to know, in one look at this process's ledger-gated devices.
+pub struct Watch {
+    /// The word to sleep on — the turn word of a device where this process has work queued
+    /// (batches counted in its slot), else of the first one — and its value, read before the
+    /// turn states below (a change after this wakes the sleep at once).
+    pub word: Option<(&'static AtomicU32, u32)>,
+    /// More than one device is gated (one futex cannot watch them all).
+    pub several: bool,
+    /// A turn is closed where this process still has work queued: the controller waits for
+    /// that work to drain.
+    pub closed_with_work: bool,
+}
+
+pub fn watch() -> Watch {
+    let mut w = Watch {
+        word: None,
+        several: false,
+        closed_with_work: false,
+    };
     let mut gated = 0;
     for d in &DEVS {
         if d.mode.load(Relaxed) & M_LEDGER == 0 {
@@ -112,11 +126,15 @@ pub fn watch_word() -> Option<(&'static AtomicU32, u32, bool)> {
             continue;
         };
         gated += 1;
-        if first.is_none() || c.inflight.load(Relaxed) > 0 {
-            first = Some(&t.grant);
+        let seen = t.grant.load(Acquire);
+        let queued = c.inflight.load(Relaxed) > 0;
+        if w.word.is_none() || queued {
+            w.word = Some((&t.grant, seen));
         }
+        w.closed_with_work |= queued && !t.is_open();
     }
-    first.map(|w| (w, w.load(Acquire), gated > 1))
+    w.several = gated > 1;
+    w
 }
 
 /// Sleeps on a turn word while it holds `seen`, at most `ns` (the watcher thread).
@@ -269,25 +287,6 @@ pub fn launched(d: &Dev, m: u8) -> i64 {
         c.launched(t.beat());
         bound_of(t)
     })
-}
-
-/// What the watcher thread needs to know about this process on its ledger-gated devices:
-/// whether it has work queued (batches counted in its slot), and whether such a device's turn
-/// is closed while it has (the controller then waits for that work to drain).
-pub fn drain_state() -> (bool, bool) {
-    let (mut queued, mut closed) = (false, false);
-    for d in &DEVS {
-        if d.mode.load(Relaxed) & M_LEDGER == 0 {
-            continue;
-        }
-        if let Some((_, c, t)) = ledger_parts(d)
-            && c.inflight.load(Relaxed) > 0
-        {
-            queued = true;
-            closed |= !t.is_open();
-        }
-    }
-    (queued, closed)
 }
 
 /// Counts the calling thread among the process's waiters for as long as it lives; the last

@@ -122,19 +122,21 @@ fn settle_all(close_paused: bool) -> bool {
             continue;
         };
         let inner = g.inner();
-        let (d, m) = budget::dev_mode(s.ord.load(Relaxed));
-        if inner.out > 0 {
-            batch::settle_ready(s, inner, d, m);
-        }
-        if close_paused
+        let close = close_paused
             && inner.open.is_some()
             && now.saturating_sub(s.last_use.load(Relaxed)) > GAP_NS
-            && inner.rec != streams::CU_STREAM_PER_THREAD
-        {
-            let prev = driver::current_ctx();
-            if driver::set_current_ctx(inner.ctx) {
-                batch::close_after_pause(s, inner, d, m);
-                driver::set_current_ctx(prev);
+            && inner.rec != streams::CU_STREAM_PER_THREAD;
+        if inner.out > 0 || close {
+            let (d, m) = budget::dev_mode(s.ord.load(Relaxed));
+            if inner.out > 0 {
+                batch::settle_ready(s, inner, d, m);
+            }
+            if close {
+                let prev = driver::current_ctx();
+                if driver::set_current_ctx(inner.ctx) {
+                    batch::close_after_pause(s, inner, d, m);
+                    driver::set_current_ctx(prev);
+                }
             }
         }
         left |= inner.out > 0 || inner.open.is_some();
@@ -199,23 +201,20 @@ fn start_watcher() {
         .spawn(|| {
             loop {
                 check_generation();
-                // The word's value before the state is read: a change after this wakes the
-                // sleep below at once.
-                let word = budget::watch_word();
+                let w = budget::watch();
                 // While a turn of ours is closed and our work is still queued, settle it (and
                 // close batches left open by a thread blocked in a synchronisation —
                 // `loss.item()`, `cudaStreamSynchronize` — which would not see it complete):
                 // the controller hands the device on only once it has.
-                let (_, closed) = budget::drain_state();
-                if closed && settle_all(true) {
+                if w.closed_with_work && settle_all(true) {
                     std::thread::sleep(WATCH_DRAIN);
                     continue;
                 }
-                match word {
-                    Some((w, seen, several)) => budget::watch_wait(
-                        w,
+                match w.word {
+                    Some((word, seen)) => budget::watch_wait(
+                        word,
                         seen,
-                        if several {
+                        if w.several {
                             WATCH_DEVICES_NS
                         } else {
                             WATCH_EVERY_NS

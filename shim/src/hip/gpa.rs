@@ -13,31 +13,7 @@ use super::{alloc, enabled, info, vmm};
 use crate::real::Raw;
 use std::ffi::{c_char, c_int, c_void};
 
-macro_rules! wraps {
-    ($($real:ident => $wrapper:path,)*) => {
-        /// (our wrapper, the real entry) for an exported HIP or SMI name we wrap.
-        pub fn wrapper_by_name(name: &[u8]) -> Option<(usize, &'static Raw)> {
-            $(
-                if name == real::$real.raw.name.to_bytes() {
-                    return Some(($wrapper as *const () as usize, &real::$real.raw));
-                }
-            )*
-            None
-        }
-
-        /// Our wrapper for a real HIP entry point's address.
-        pub fn wrapper_by_real(p: usize) -> Option<usize> {
-            $(
-                if p == real::$real.raw.loaded() {
-                    return Some($wrapper as *const () as usize);
-                }
-            )*
-            None
-        }
-    };
-}
-
-wraps! {
+crate::gpa::wrap_table! {
     HIP_GET_PROC_ADDRESS => hipGetProcAddress,
     HIP_MALLOC => alloc::hipMalloc,
     HIP_EXT_MALLOC_WITH_FLAGS => alloc::hipExtMallocWithFlags,

@@ -163,6 +163,9 @@ struct Drain {
 struct DeviceState {
     holder: Option<TenantId>,
     draining: Option<Drain>,
+    /// When the last turn ended and whose it was, until the next grant (for the metrics'
+    /// switch latency).
+    ended: Option<(u64, TenantId)>,
 }
 
 /// The controller's state across ticks.
@@ -246,7 +249,7 @@ impl Controller {
             now.saturating_sub(self.last_tick)
         };
         self.last_tick = now;
-        self.discover(ledgers);
+        self.discover(ledgers, now);
         for t in self.tenants.values_mut() {
             t.observe(now, dt as i64);
         }
@@ -255,9 +258,8 @@ impl Controller {
         devices.dedup();
         self.devices.retain(|d, _| devices.contains(d));
         for dev in devices {
-            self.schedule(dev, now, dt);
+            self.schedule(dev, now, dt, status);
         }
-        status.switches.observe(now, &self.devices);
         if now - self.last_sample >= 100_000_000 {
             self.last_sample = now;
             self.publish(now, status);
@@ -266,7 +268,7 @@ impl Controller {
 
     /// Adds tenants that became gated, drops those that are gone or no longer gated (their
     /// turn is opened for good).
-    fn discover(&mut self, ledgers: &[Arc<CgroupLedger>]) {
+    fn discover(&mut self, ledgers: &[Arc<CgroupLedger>], now: u64) {
         for t in self.tenants.values_mut() {
             t.seen = false;
         }
@@ -307,6 +309,7 @@ impl Controller {
                 for d in self.devices.values_mut() {
                     if d.holder == Some(k) {
                         d.holder = None;
+                        d.ended = Some((now, k));
                     }
                 }
             }
@@ -325,7 +328,7 @@ impl Controller {
     }
 
     /// Decides the turn on one device.
-    fn schedule(&mut self, device: u64, now: u64, dt: u64) {
+    fn schedule(&mut self, device: u64, now: u64, dt: u64, status: &ComputeStatus) {
         let tuning = self.tuning;
         let ids: Vec<TenantId> = self
             .tenants
@@ -402,6 +405,7 @@ impl Controller {
                 t.held = None;
                 set_turn(t, TURN_CLOSED);
                 dev.holder = None;
+                dev.ended = Some((now, h));
                 let queued = t.act.queued_ns.max(0) as u64;
                 let wait = (queued + queued / 2 + 1_000_000).min(MAX_DRAIN_NS);
                 dev.draining = Some(Drain {
@@ -482,6 +486,7 @@ impl Controller {
                 t.stats.turns += 1;
                 tracing::trace!(cgroup = %t.ledger.cgroup, pending = draining.is_some(), "compute: turn granted");
                 dev.holder = Some(n);
+                status.switches.granted(device, dev.ended.take(), now, n);
             }
         }
         // Write the decisions: the holder's turn open, co-runners beside it, everybody else

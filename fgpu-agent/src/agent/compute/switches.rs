@@ -2,16 +2,17 @@
 //! holder when the turn passes from one tenant to another (the drain of the previous
 //! holder's queued work plus the tick that grants the next turn).
 //!
-//! [`SwitchStats::observe`] looks at each device's holder after every tick, and nothing else;
-//! it never changes a decision. A gap longer than [`MAX_DRAIN_NS`] plus a few ticks is not a
-//! switch (nobody was waiting: the device was idle) and is not recorded.
+//! The controller reports each grant with the end of the turn before it
+//! ([`SwitchStats::granted`]); this never changes a decision. A gap longer than
+//! [`MAX_DRAIN_NS`] plus a few ticks is not a switch (nobody was waiting: the device was idle)
+//! and is not recorded.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::{DeviceState, MAX_DRAIN_NS, TICK, TenantId};
+use super::{MAX_DRAIN_NS, TICK, TenantId};
 
 /// Upper bounds of the histogram's buckets, seconds.
 pub const BUCKETS: [f64; 9] = [
@@ -21,46 +22,24 @@ pub const BUCKETS: [f64; 9] = [
 /// Devices followed at most (keys come from the ledgers' pages: bounded whatever they say).
 const MAX_DEVICES: usize = 64;
 
-#[derive(Debug, Default)]
-struct Last {
-    holder: Option<TenantId>,
-    /// When the last turn ended, and whose it was, while no turn is held.
-    ended: Option<(u64, TenantId)>,
-}
-
 /// Turn switches per device (by the device's uuid key).
 #[derive(Debug, Default)]
 pub struct SwitchStats {
-    last: Mutex<HashMap<u64, Last>>,
     by_device: Mutex<HashMap<u64, Histogram>>,
 }
 
 impl SwitchStats {
-    /// After a tick at `now`: records the switches the tick made.
-    pub(super) fn observe(&self, now: u64, devices: &HashMap<u64, DeviceState>) {
-        let mut last = self.last.lock().expect("switch stats lock");
-        last.retain(|k, _| devices.contains_key(k));
-        for (key, dev) in devices {
-            if !last.contains_key(key) && last.len() >= MAX_DEVICES {
-                continue;
+    /// The controller granted device `key`'s turn to `to` at `now`; `ended`: when and whose
+    /// the device's previous turn ended. A hand-over to another tenant is a switch; a gap
+    /// longer than a drain and a few ticks is not (nobody was waiting: the device was idle).
+    pub(super) fn granted(&self, key: u64, ended: Option<(u64, TenantId)>, now: u64, to: TenantId) {
+        if let Some((at, from)) = ended
+            && from != to
+        {
+            let gap = now.saturating_sub(at);
+            if gap <= MAX_DRAIN_NS + 4 * TICK.as_nanos() as u64 {
+                self.record(key, gap);
             }
-            let l = last.entry(*key).or_default();
-            match (l.holder, dev.holder) {
-                (Some(a), Some(b)) if a != b => self.record(*key, 0),
-                (Some(a), None) => l.ended = Some((now, a)),
-                (None, Some(b)) => {
-                    if let Some((at, from)) = l.ended.take()
-                        && from != b
-                    {
-                        let gap = now.saturating_sub(at);
-                        if gap <= MAX_DRAIN_NS + 4 * TICK.as_nanos() as u64 {
-                            self.record(*key, gap);
-                        }
-                    }
-                }
-                _ => {}
-            }
-            l.holder = dev.holder;
         }
     }
 
@@ -85,18 +64,6 @@ impl SwitchStats {
 mod tests {
     use super::*;
 
-    fn devices(holder: Option<TenantId>) -> HashMap<u64, DeviceState> {
-        let mut d = HashMap::new();
-        d.insert(
-            9,
-            DeviceState {
-                holder,
-                draining: None,
-            },
-        );
-        d
-    }
-
     /// (sum, count) of the one device's histogram, as the exposition says them.
     fn count(s: &SwitchStats) -> (f64, u64) {
         let mut registry = prometheus_client::registry::Registry::default();
@@ -117,20 +84,17 @@ mod tests {
     fn a_switch_is_the_gap_between_two_tenants_turns() {
         let s = SwitchStats::default();
         let (a, b) = ((1, 0), (2, 0));
-        s.observe(1_000_000, &devices(Some(a)));
-        s.observe(2_000_000, &devices(None));
-        s.observe(5_000_000, &devices(Some(b)));
+        s.granted(9, None, 1_000_000, a);
+        s.granted(9, Some((2_000_000, a)), 5_000_000, b);
         let (sum, n) = count(&s);
         assert_eq!(n, 1);
         assert!((sum - 0.003).abs() < 1e-9, "{sum}");
         // The same tenant again is no switch; nor is a gap with nobody waiting.
-        s.observe(6_000_000, &devices(None));
-        s.observe(7_000_000, &devices(Some(b)));
-        s.observe(8_000_000, &devices(None));
-        s.observe(2_000_000_000, &devices(Some(a)));
+        s.granted(9, Some((6_000_000, b)), 7_000_000, b);
+        s.granted(9, Some((8_000_000, b)), 2_000_000_000, a);
         assert_eq!(count(&s).1, 1);
         // A hand-over within one tick.
-        s.observe(2_000_500_000, &devices(Some(b)));
+        s.granted(9, Some((2_000_000_000, a)), 2_000_500_000, b);
         assert_eq!(count(&s).1, 2);
     }
 }
