@@ -274,7 +274,7 @@ def main():
         gaps = [b - a for a, b in zip(t, t[1:])]
         return f"{1e6 * statistics.median(gaps):.0f}" if gaps else "-"
 
-    for role in ("decoder", "cnn"):
+    for role in ("decoder", "cnn", "tiny", "launches"):
         bare = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-bare-{role}", r["phase"])]
         gated = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-gated-{role}", r["phase"])]
         if bare and gated:

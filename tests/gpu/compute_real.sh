@@ -14,7 +14,9 @@
 #              `docker kill`), then a new cnn process starts in it
 #   alone50    decoder, then cnn, each alone at --compute 50 (gated, nobody else waits): the
 #              gated path's own cost; ab: the same interleaved with bare runs (ab1-bare-decoder,
-#              ab1-gated-decoder, ab2-..., ab1-bare-cnn, ab1-gated-cnn)
+#              ab1-gated-decoder, ab2-..., ab1-bare-cnn, ab1-gated-cnn; AB_ROLES="decoder
+#              decoder cnn" by default; also tiny = 100 one-element adds + sync, launches =
+#              1000 empty-kernel cuLaunchKernel calls through ctypes + sync)
 #   s30 / s50  issue 6's matmul / graph pair; bareN / fullN: matmul without fgpu vs
 #              --compute 100 under agent + shim, interleaved
 # ONLY="s25 dec ..." runs the references and just those phases; VARIANTS="ov:FGPU_COMPUTE_OVERLAP=1"
@@ -248,12 +250,12 @@ if want alone50; then # the gated path alone (its turn re-granted at once): its 
 fi
 if want ab; then # the same, interleaved with bare runs (b has no limit) under the same agent
   limits "--compute 50" "" ""
-  for i in 1 2; do
-    phase "ab$i-bare-decoder" b:decoder:bare
-    phase "ab$i-gated-decoder" a:decoder:fgpu
+  declare -A abn=()
+  for r in ${AB_ROLES:-decoder decoder cnn}; do
+    abn[$r]=$(( ${abn[$r]:-0} + 1 ))
+    phase "ab${abn[$r]}-bare-$r" "b:$r:bare"
+    phase "ab${abn[$r]}-gated-$r" "a:$r:fgpu"
   done
-  phase ab1-bare-cnn b:cnn:bare
-  phase ab1-gated-cnn a:cnn:fgpu
 fi
 gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for a variant)
   local v=$1

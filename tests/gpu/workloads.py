@@ -121,7 +121,54 @@ def build(role):
                 state["tok"] = int((x @ head).argmax().item())
 
         return step, 0
+    if role == "tiny":
+        # 100 elementwise ops on a one-element tensor, then a sync: PyTorch's launch path.
+        x = torch.zeros(1, device=dev)
+
+        def step():
+            for _ in range(100):
+                x.add_(1.0)
+            torch.cuda.synchronize()
+
+        return step, 0
+    if role == "launches":
+        return driver_launches(), 0
     raise SystemExit(f"unknown role {role}")
+
+
+EMPTY_PTX = b""".version 7.0
+.target sm_50
+.address_size 64
+.visible .entry fgpu_empty() { ret; }
+"""
+
+
+def driver_launches():
+    """1000 launches of an empty kernel through the driver API (ctypes: the exported
+    cuLaunchKernel, as a dlsym client reaches it), then a context sync: the host cost of a
+    launch, gate included."""
+    import ctypes
+
+    import torch
+
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")  # the primary context, current on this thread
+    cu = ctypes.CDLL("libcuda.so.1")
+    mod, fn = ctypes.c_void_p(), ctypes.c_void_p()
+    rc = cu.cuModuleLoadData(ctypes.byref(mod), ctypes.c_char_p(EMPTY_PTX))
+    rc = rc or cu.cuModuleGetFunction(ctypes.byref(fn), mod, b"fgpu_empty")
+    if rc:
+        raise SystemExit(f"cuModuleLoadData/GetFunction: {rc}")
+    launch, sync = cu.cuLaunchKernel, cu.cuCtxSynchronize
+    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    one = ctypes.c_uint(1)
+
+    def step():
+        for _ in range(1000):
+            launch(fn, one, one, one, one, one, one, 0, None, None, None)
+        sync()
+
+    return step
 
 
 def run(step, in_flight, seconds, progress, trace=None):

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One GPU round: runs the named tests/gpu scripts one after the other, each under its own
+# timeout, and packs everything into few files (the device tool returns at most 8).
+#   OUT=/some/dir bash bundle/tests/gpu/round.sh k8s_prepare shim_limits compute_real ...
+# A script's output goes to $OUT/NAME.txt, its details ($OUT for it) into $OUT/details.tgz.
+# Timeouts: TIMEOUT_NAME=SECONDS (default 300). Other variables (ONLY, VARIANTS, SECS, ...)
+# pass through to the scripts. Each script's last 30 lines are printed at the end.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+B=$(cd "$HERE/../.." && pwd)
+OUT=${OUT:-/tmp/fgpu-out}
+mkdir -p "$OUT/details"
+declare -A rc=() took=()
+for name in "$@"; do
+  script=$HERE/$name.sh
+  [ -f "$script" ] || { echo "round.sh: no $script" >&2; rc[$name]=127; continue; }
+  var=TIMEOUT_$name
+  limit=${!var:-300}
+  mkdir -p "$OUT/details/$name"
+  t0=$(date +%s)
+  args=()
+  [ "$name" = shim_limits ] && args=("$B")
+  OUT=$OUT/details/$name timeout -k 10 "$limit" bash "$script" "${args[@]}" > "$OUT/$name.txt" 2>&1
+  rc[$name]=$?
+  took[$name]=$(( $(date +%s) - t0 ))
+done
+tar -C "$OUT" -czf "$OUT/details.tgz" details && rm -rf "$OUT/details"
+for name in "$@"; do
+  echo "================ $name (rc ${rc[$name]}, ${took[$name]:-0} s) ================"
+  tail -30 "$OUT/$name.txt" 2>/dev/null
+done
