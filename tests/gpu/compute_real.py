@@ -277,6 +277,11 @@ def main():
     for role in ("decoder", "cnn", "tiny", "launches"):
         bare = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-bare-{role}", r["phase"])]
         gated = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-gated-{role}", r["phase"])]
+        old = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-old-{role}", r["phase"])]
+        if bare and old:
+            check(f"ab: {role} alone at --compute 50 with SHIM_OLD vs no fgpu, interleaved", True,
+                  f"{fmt(100 * statistics.mean(old) / statistics.mean(bare))}% "
+                  f"({' / '.join(fmt(x) for x in old)} it/s)", "info", verdict="INFO")
         if bare and gated:
             check(f"ab: {role} alone at --compute 50 vs no fgpu, interleaved", True,
                   f"{fmt(100 * statistics.mean(gated) / statistics.mean(bare))}% "

@@ -121,6 +121,7 @@ worker() {
   local phase=$1 t=$2 n=$3 role=$4 mode=$5 secs=$6 warm=$7 go=$8
   local -a envs
   if [ "$mode" = fgpu ]; then envs=(env LD_PRELOAD="$SHIM" FGPU_SOCKET="$SOCK" FGPU_LOG=info)
+  elif [ "$mode" = fgpu-old ]; then envs=(env LD_PRELOAD="$SHIM_OLD" FGPU_SOCKET="$SOCK" FGPU_LOG=info)
   else envs=(env -u LD_PRELOAD -u FGPU_SOCKET -u FGPU_LOG); fi
   in_container "$t" timeout -k 5 $((120 + warm + secs)) "${envs[@]}" "$PY" "$HERE/workloads.py" "$role" \
     --seconds "$secs" --warmup "$warm" --ready "$WORK/$phase.$t.$n.ready" --go "$go" \
@@ -255,6 +256,8 @@ if want ab; then # the same, interleaved with bare runs (b has no limit) under t
     abn[$r]=$(( ${abn[$r]:-0} + 1 ))
     phase "ab${abn[$r]}-bare-$r" "b:$r:bare"
     phase "ab${abn[$r]}-gated-$r" "a:$r:fgpu"
+    # SHIM_OLD=PATH: the same gated run with another build of the shim (A/B of a change)
+    [ -n "${SHIM_OLD:-}" ] && phase "ab${abn[$r]}-old-$r" "a:$r:fgpu-old"
   done
 fi
 gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for a variant)

@@ -6,7 +6,7 @@
 //! is what the batch cost: the estimate charged at launch time is corrected by the
 //! difference and the stream's per-launch estimate moves toward the new sample. At most
 //! [`DEPTH`] closed batches per stream are unmeasured, and no more estimated work than the
-//! controller's queue bound: closing another waits for the oldest (`cuEventSynchronize`).
+//! controller's queue bound: closing another waits for the oldest (polling its end event).
 
 use std::ffi::c_uint;
 use std::sync::atomic::Ordering::Relaxed;
@@ -15,8 +15,8 @@ use fgpu_common::ledger::SlotCompute;
 
 use super::budget::{self, Dev};
 use super::driver::{
-    CU_EVENT_BLOCKING_SYNC, CU_EVENT_DEFAULT, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, RelaxedCapture,
-    capturing, elapsed_ns, event_create, event_query, event_record, event_sync, stream_idle,
+    CU_EVENT_DEFAULT, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, RelaxedCapture, capturing, elapsed_ns,
+    event_create, event_query, event_record, stream_idle,
 };
 use super::streams::{Inner, Stream};
 use super::{Kind, STATS, now_ns};
@@ -125,11 +125,32 @@ pub fn settle_ready(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
     }
 }
 
-/// Waits for the oldest batch and settles it.
+/// The first and the longest sleep between two looks at the oldest batch's end event while
+/// waiting for it (the kernel's default timer slack makes any sleep about 50 us anyway).
+const POLL_FIRST_NS: u64 = 20_000;
+const POLL_MAX_NS: u64 = 200_000;
+
+/// Waits for the oldest batch and settles it. The end events are plain timing events (no
+/// `CU_EVENT_BLOCKING_SYNC`: a blocking-sync event makes the GPU raise an interrupt at its
+/// completion and the driver's thread wake up — for every batch, waited for or not; on the
+/// H200's VM that cost every gated process ~0.6 wake-ups per batch and 4-20% of a CPU-bound
+/// loop's speed), so the wait looks at the event and sleeps in between instead of spinning
+/// in `cuEventSynchronize`.
 fn wait_oldest(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
     let _relaxed = RelaxedCapture::enter();
     let t = now_ns();
-    let ok = event_sync(inner.ev_end[inner.head]) == CUDA_SUCCESS;
+    let ev = inner.ev_end[inner.head];
+    let mut nap = POLL_FIRST_NS;
+    let ok = loop {
+        match event_query(ev) {
+            CUDA_SUCCESS => break true,
+            CUDA_ERROR_NOT_READY => {
+                budget::sleep_ns(nap);
+                nap = (nap * 2).min(POLL_MAX_NS);
+            }
+            _ => break false,
+        }
+    };
     STATS.sync_ns.fetch_add(now_ns() - t, Relaxed);
     settle_oldest(s, inner, d, m, ok);
 }
@@ -248,7 +269,7 @@ pub fn close_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
     // is recorded again only when its record is reused, and the wait above keeps at most
     // RING - 1 records in use.
     let p = (inner.head + inner.out) % RING;
-    if !(ensure_event(&mut inner.ev_end[p], CU_EVENT_BLOCKING_SYNC)
+    if !(ensure_event(&mut inner.ev_end[p], CU_EVENT_DEFAULT)
         && event_record(inner.ev_end[p], inner.rec))
     {
         forget(&b);

@@ -89,7 +89,7 @@ pub fn after_fork_child() {
     }
 }
 
-fn sleep_ns(ns: u64) {
+pub(super) fn sleep_ns(ns: u64) {
     let ts = libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,

@@ -10,8 +10,6 @@ use crate::real::{self, CUresult, Handle};
 
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
-/// Timing enabled, and `cuEventSynchronize` blocks (sleeps) instead of spinning.
-pub const CU_EVENT_BLOCKING_SYNC: c_uint = 1;
 pub const CU_EVENT_DEFAULT: c_uint = 0;
 const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 
@@ -109,14 +107,6 @@ pub fn stream_idle(stream: usize) -> bool {
     let _relaxed = RelaxedCapture::enter();
     // SAFETY: cuStreamQuery(CUstream) on the caller's stream; it only reports.
     unsafe { f(stream as Handle) == CUDA_SUCCESS }
-}
-
-pub fn event_sync(ev: usize) -> CUresult {
-    match real::CU_EVENT_SYNCHRONIZE.get() {
-        // SAFETY: cuEventSynchronize(CUevent) on our event.
-        Some(f) => unsafe { f(ev as Handle) },
-        None => CUDA_SUCCESS,
-    }
 }
 
 /// GPU time between two completed events, in ns.
