@@ -121,5 +121,5 @@ timeout 20 "$KUBELET" unprepare "$WORK/plugins/fgpu.io/dra.sock" "team-a/a/$CLAI
 if grep -q "pod$POD_B\|${POD_A//-/_}" "$OUT/limits-unprepared.txt"; then row "unprepare: limits STILL THERE"; else row "unprepare: pod limits removed"; fi
 
 echo
-echo "== k8s_prepare (expected: pod a ~8 GiB total, OOM near 7.5 GiB; pod b ~4 GiB, OOM near 3.5 GiB) =="
+echo "== k8s_prepare (expected: pod a 8 GiB total, OOM at the first 512 MiB block past 8 GiB less its context (~0.5 GiB): 14 blocks; pod b 4 GiB, 6 blocks) =="
 printf '%s\n' "${ROWS[@]}"
