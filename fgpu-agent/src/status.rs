@@ -71,6 +71,10 @@ pub struct CgroupStatus {
     /// is inside of: its full id, from the cgroup's name; `null` for other cgroups.
     #[serde(default)]
     pub container_id: Option<String>,
+    /// The Kubernetes pod whose cgroup this is (or which it is inside of): `namespace/name`
+    /// where an fgpu DRA claim names it, else `pod <uid>`; `null` outside pods.
+    #[serde(default)]
+    pub pod: Option<String>,
 }
 
 impl CgroupStatus {
@@ -97,6 +101,7 @@ impl CgroupStatus {
             compute_corun: false,
             compute_nvml_pct: None,
             container_id: None,
+            pod: None,
         }
     }
 }

@@ -78,8 +78,10 @@ impl Plugin {
             .arg(dirs.root.join("plugins"))
             .arg("--cdi-dir")
             .arg(dirs.cdi())
+            // The agent's state directory, as the chart has it (the plugin's checkpoint
+            // there names the pods in `fgpu status`).
             .arg("--state-dir")
-            .arg(dirs.root.join("state"))
+            .arg(&agent.state_dir)
             .arg("--admin-socket")
             .arg(&agent.admin)
             .arg("--socket")
@@ -399,6 +401,42 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         show(&la1),
         show(&la2),
         show(&lb1)
+    );
+
+    // `fgpu status` names the pods (namespace/name from the claims) and the containers.
+    let out = Command::new(env!("CARGO_BIN_EXE_fgpu"))
+        .args(["status", "--json", "--socket"])
+        .arg(&agent.admin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (cg, pod, ctr) in [
+        (&cgroups.0[4], "team-a/pod-a", "a1".repeat(32)),
+        (&cgroups.0[9], "team-a/pod-b", "b1".repeat(32)),
+    ] {
+        let row = report
+            .as_array()
+            .unwrap_or_else(|| panic!("not an array of rows: {report}"))
+            .iter()
+            .find(|r| r["cgroup"] == cg.path.as_str())
+            .unwrap_or_else(|| panic!("no row for {}: {report}", cg.path));
+        assert_eq!(row["pod"], pod, "{row}");
+        assert_eq!(row["container_id"], ctr.as_str(), "{row}");
+    }
+    let table = Command::new(env!("CARGO_BIN_EXE_fgpu"))
+        .args(["status", "--socket"])
+        .arg(&agent.admin)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains(&format!("team-a/pod-a/{}", &"a1".repeat(32)[..12])),
+        "{table}"
     );
 
     // A restart of the plugin: prepare again is answered from the checkpoint (the claims

@@ -20,6 +20,8 @@ use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
 
 pub struct State {
     pub cgroup2_mount: PathBuf,
+    /// The agent's state directory (the DRA plugin's checkpoints there name pods).
+    pub state_dir: PathBuf,
     pub kernel: Mutex<KernelMaps>,
     pub limits: Mutex<LimitStore>,
     /// Limits removed with their cgroup (containers' limits from the CDI hook).
@@ -76,7 +78,9 @@ impl State {
         }
         report.cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
         let nvml = nvml_by_cgroup(&self.gpus);
+        let pods = crate::k8s::identity::pod_names(&self.state_dir);
         for row in &mut report.cgroups {
+            row.pod = crate::k8s::identity::describe(&row.cgroup, &pods);
             row.compute_nvml_pct = nvml.get(&row.cgroup).map(|p| (p * 10.0).round() / 10.0);
             row.container_id = fgpu_common::container::container_of(&row.cgroup).map(|c| c.id);
             let (effective, from) = limits.effective(&row.cgroup);

@@ -17,7 +17,8 @@ pub struct StatusArgs {
     /// memory_used_bytes, memory_limit_bytes, alloc_denied, over_limit_actions, devices,
     /// compute_share_pct, compute_cap_pct, compute_turn_pct (device time held in turns: what a
     /// share is a share of), compute_corun, compute_used_pct (measured GPU time),
-    /// compute_nvml_pct, container_id: the container whose cgroup it is).
+    /// compute_nvml_pct, container_id: the container whose cgroup it is; pod: its Kubernetes
+    /// pod, `namespace/name` where an fgpu DRA claim names it).
     #[arg(long)]
     json: bool,
 
@@ -65,9 +66,26 @@ pub fn table(report: &StatusReport) -> String {
         .chain([6])
         .max()
         .unwrap_or(6);
+    // CONTAINER: `namespace/pod/` (Kubernetes) before the container's short id.
+    let who = |c: &crate::status::CgroupStatus| -> String {
+        let id = c.container_id.as_deref().map(|id| &id[..id.len().min(12)]);
+        match (c.pod.as_deref(), id) {
+            (Some(p), Some(id)) => format!("{p}/{id}"),
+            (Some(p), None) => p.to_string(),
+            (None, Some(id)) => id.to_string(),
+            (None, None) => "-".to_string(),
+        }
+    };
+    let cwidth = report
+        .cgroups
+        .iter()
+        .map(|c| who(c).len())
+        .chain([12])
+        .max()
+        .unwrap_or(12);
     let _ = writeln!(
         out,
-        "{:<width$}  {:<12}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  LIMIT-FROM",
+        "{:<width$}  {:<cwidth$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  LIMIT-FROM",
         "CGROUP", "CONTAINER", "PIDS", "USED", "LIMIT", "DENIED", "COMPUTE", "TURNS", "GPU-TIME"
     );
     for c in &report.cgroups {
@@ -106,11 +124,9 @@ pub fn table(report: &StatusReport) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<width$}  {:<12}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  {from}",
+            "{:<width$}  {:<cwidth$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  {from}",
             c.cgroup,
-            c.container_id
-                .as_deref()
-                .map_or("-", |id| &id[..id.len().min(12)]),
+            who(c),
             pids,
             Size(c.memory_used_bytes).to_string(),
             limit,

@@ -100,6 +100,7 @@ mod tests {
                     memory_bytes: Some(1 << 30),
                     compute_pct: Some(30),
                     pods: vec!["aa".into()],
+                    pod_names: BTreeMap::new(),
                 },
                 cdi_ids: vec!["fgpu.io/claim=u1".into()],
                 spec_file: dir.join("x.json"),

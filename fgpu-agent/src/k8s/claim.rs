@@ -2,6 +2,8 @@
 //! driver, the capacities it consumes there (`memory` bytes, `compute` percent), and the pods
 //! it is reserved for. Pure: from the claim as the API server returned it.
 
+use std::collections::BTreeMap;
+
 use anyhow::{Result, bail};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::{Deserialize, Serialize};
@@ -29,6 +31,18 @@ pub struct Plan {
     pub compute_pct: Option<u8>,
     /// The UIDs of the pods in `status.reservedFor`.
     pub pods: Vec<String>,
+    /// Their names, by UID (for `fgpu status`; names that are not Kubernetes object names
+    /// are left out).
+    #[serde(default)]
+    pub pod_names: BTreeMap<String, String>,
+}
+
+/// A Kubernetes object name (DNS subdomain: lower-case letters, digits, `-` and `.`).
+fn object_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 253
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 /// Reads `claim` for `driver`. `expect_uid` is the UID the kubelet asked for: a claim of the
@@ -98,15 +112,20 @@ pub fn plan(claim: &ResourceClaim, driver: &str, expect_uid: &str) -> Result<Opt
         Some(c) if c >= 100 => None,
         Some(c) => Some(c as u8),
     };
-    let pods: Vec<String> = status
+    let consumers: Vec<_> = status
         .and_then(|s| s.reserved_for.as_ref())
         .map(|r| {
             r.iter()
                 .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
-                .map(|c| c.uid.clone())
                 .collect()
         })
         .unwrap_or_default();
+    let pods: Vec<String> = consumers.iter().map(|c| c.uid.clone()).collect();
+    let pod_names: BTreeMap<String, String> = consumers
+        .iter()
+        .filter(|c| object_name(&c.name))
+        .map(|c| (c.uid.clone(), c.name.clone()))
+        .collect();
     if pods.is_empty() {
         bail!("the claim is reserved for no pod (status.reservedFor has no pods)");
     }
@@ -123,6 +142,7 @@ pub fn plan(claim: &ResourceClaim, driver: &str, expect_uid: &str) -> Result<Opt
         memory_bytes,
         compute_pct,
         pods,
+        pod_names,
     }))
 }
 
@@ -167,6 +187,10 @@ pub mod tests {
         assert_eq!(p.memory_bytes, Some(8 << 30));
         assert_eq!(p.compute_pct, Some(30));
         assert_eq!(p.pods, ["0c3d6f1e-2b4a-4c8e-9f00-123456789abc"]);
+        assert_eq!(
+            p.pod_names["0c3d6f1e-2b4a-4c8e-9f00-123456789abc"],
+            "pod-0c3d6f1e-2b4a-4c8e-9f00-123456789abc"
+        );
         assert_eq!((p.pool.as_str(), p.device.as_str()), ("node-1", "gpu-0"));
         assert_eq!(plan(&c, "other.io", "u1").unwrap(), None, "not ours");
         let err = plan(&c, "fgpu.io", "u2").unwrap_err().to_string();

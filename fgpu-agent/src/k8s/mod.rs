@@ -7,6 +7,7 @@ mod checkpoint;
 mod claim;
 mod deviceplugin;
 mod driver;
+pub mod identity;
 mod podcgroup;
 mod quantity;
 mod server;
