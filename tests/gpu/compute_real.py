@@ -278,6 +278,11 @@ def main():
         bare = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-bare-{role}", r["phase"])]
         gated = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-gated-{role}", r["phase"])]
         old = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-old-{role}", r["phase"])]
+        local = [per_s(r) for r in runs if re.fullmatch(rf"ab\d+-local-{role}", r["phase"])]
+        if bare and local:
+            check(f"ab: {role} under the standalone gate (FGPU_COMPUTE_SHARE=99) vs no fgpu", True,
+                  f"{fmt(100 * statistics.mean(local) / statistics.mean(bare))}% "
+                  f"({' / '.join(fmt(x) for x in local)} it/s)", "info", verdict="INFO")
         if bare and old:
             check(f"ab: {role} alone at --compute 50 with SHIM_OLD vs no fgpu, interleaved", True,
                   f"{fmt(100 * statistics.mean(old) / statistics.mean(bare))}% "

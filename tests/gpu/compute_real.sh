@@ -122,6 +122,8 @@ worker() {
   local -a envs
   if [ "$mode" = fgpu ]; then envs=(env LD_PRELOAD="$SHIM" FGPU_SOCKET="$SOCK" FGPU_LOG=info)
   elif [ "$mode" = fgpu-old ]; then envs=(env LD_PRELOAD="$SHIM_OLD" FGPU_SOCKET="$SOCK" FGPU_LOG=info)
+  elif [ "$mode" = fgpu-local ]; then
+    envs=(env LD_PRELOAD="$SHIM" FGPU_SOCKET=/nonexistent FGPU_COMPUTE_SHARE=99 FGPU_LOG=info)
   else envs=(env -u LD_PRELOAD -u FGPU_SOCKET -u FGPU_LOG); fi
   in_container "$t" timeout -k 5 $((120 + warm + secs)) "${envs[@]}" "$PY" "$HERE/workloads.py" "$role" \
     --seconds "$secs" --warmup "$warm" --ready "$WORK/$phase.$t.$n.ready" --go "$go" \
@@ -258,6 +260,9 @@ if want ab; then # the same, interleaved with bare runs (b has no limit) under t
     phase "ab${abn[$r]}-gated-$r" "a:$r:fgpu"
     # SHIM_OLD=PATH: the same gated run with another build of the shim (A/B of a change)
     [ -n "${SHIM_OLD:-}" ] && phase "ab${abn[$r]}-old-$r" "a:$r:fgpu-old"
+    # AB_LOCAL=1: the same under the shim's standalone gate (FGPU_COMPUTE_SHARE=99, no
+    # agent): the gate without the agent's turns, watcher and ledger
+    [ -n "${AB_LOCAL:-}" ] && phase "ab${abn[$r]}-local-$r" "a:$r:fgpu-local"
   done
 fi
 gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for a variant)
