@@ -62,12 +62,17 @@ hip_exports! {
     __hipRegisterFunction => exec::hip_register_function;
     __hipUnregisterFatBinary => exec::hip_unregister_fat_binary;
     hipLaunchKernel => exec::hip_launch_kernel;
+    hipLaunchKernel_spt => exec::hip_launch_kernel_spt;
     hipExtLaunchKernel => exec::hip_ext_launch_kernel;
     hipModuleLaunchKernel => exec::hip_module_launch_kernel;
     hipModuleLoadData => exec::hip_module_load_data;
     hipModuleGetFunction => exec::hip_module_get_function;
     hipModuleUnload => exec::hip_module_unload;
     hipGraphLaunch => exec::hip_graph_launch;
+    hipGraphLaunch_spt => exec::hip_graph_launch_spt;
+    hipStreamIsCapturing => exec::hip_stream_is_capturing;
+    hipThreadExchangeStreamCaptureMode => exec::hip_thread_exchange_stream_capture_mode;
+    fgpuSimHipEventStats => exec::event_stats;
     hipStreamBeginCapture => exec::hip_stream_begin_capture;
     hipStreamEndCapture => exec::hip_stream_end_capture;
     hipGraphInstantiate => exec::hip_graph_instantiate;

@@ -48,10 +48,13 @@ pub unsafe extern "C" fn hipGetProcAddress(
     let f = real_or_3!(real::HIP_GET_PROC_ADDRESS);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(symbol, pfn, version, flags, status) };
-    if rc == 0 && !pfn.is_null() && enabled() {
+    if rc == 0 && !pfn.is_null() {
         // SAFETY: the caller's out-pointer, just written by the runtime.
         let p = unsafe { pfn.read_unaligned() } as usize;
-        if let Some(w) = wrapper_by_real(p).filter(|_| p != 0) {
+        // Launch entry points: always ours (one atomic load while nothing is gated).
+        let w = super::launch::wrapper_by_real(p)
+            .or_else(|| enabled().then(|| wrapper_by_real(p)).flatten());
+        if let Some(w) = w.filter(|_| p != 0) {
             // SAFETY: writing the caller's out-pointer.
             unsafe { pfn.write_unaligned(w as *mut c_void) };
         }

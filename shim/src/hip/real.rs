@@ -13,6 +13,15 @@ pub const HIP_ERROR_NOT_INITIALIZED: HipError = 3;
 pub const RSMI_STATUS_INIT_ERROR: RsmiStatus = 8;
 pub const RSMI_MEM_TYPE_VRAM: c_int = 0;
 
+/// `dim3` (passed by value to `hipLaunchKernel` and `hipExtLaunchKernel`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Dim3 {
+    pub x: c_uint,
+    pub y: c_uint,
+    pub z: c_uint,
+}
+
 /// `hipChannelFormatDesc`: bits per channel x, y, z, w and the kind.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -60,6 +69,29 @@ hip_syms! {
     // Helpers, never wrapped.
     HIP_GET_DEVICE Hip c"hipGetDevice": fn(*mut c_int) -> HipError;
     HIP_DEVICE_GET_UUID Hip c"hipDeviceGetUuid": fn(*mut [u8; 16], c_int) -> HipError;
+    // Launches (compute shares, crate::hip::launch); `_spt` = per-thread default stream.
+    HIP_LAUNCH_KERNEL Hip c"hipLaunchKernel":
+        fn(*const c_void, Dim3, Dim3, P, usize, Handle) -> HipError;
+    HIP_LAUNCH_KERNEL_SPT Hip c"hipLaunchKernel_spt":
+        fn(*const c_void, Dim3, Dim3, P, usize, Handle) -> HipError;
+    HIP_EXT_LAUNCH_KERNEL Hip c"hipExtLaunchKernel":
+        fn(*const c_void, Dim3, Dim3, P, usize, Handle, Handle, Handle, c_int) -> HipError;
+    HIP_MODULE_LAUNCH_KERNEL Hip c"hipModuleLaunchKernel": fn(Handle, c_uint, c_uint, c_uint,
+        c_uint, c_uint, c_uint, c_uint, Handle, P, P) -> HipError;
+    HIP_GRAPH_LAUNCH Hip c"hipGraphLaunch": fn(Handle, Handle) -> HipError;
+    HIP_GRAPH_LAUNCH_SPT Hip c"hipGraphLaunch_spt": fn(Handle, Handle) -> HipError;
+    // The launch gate's helpers (crate::gate::driver), never wrapped.
+    HIP_SET_DEVICE Hip c"hipSetDevice": fn(c_int) -> HipError;
+    HIP_EVENT_CREATE_WITH_FLAGS Hip c"hipEventCreateWithFlags": fn(*mut Handle, c_uint) -> HipError;
+    HIP_EVENT_DESTROY Hip c"hipEventDestroy": fn(Handle) -> HipError;
+    HIP_EVENT_RECORD Hip c"hipEventRecord": fn(Handle, Handle) -> HipError;
+    HIP_EVENT_QUERY Hip c"hipEventQuery": fn(Handle) -> HipError;
+    HIP_EVENT_SYNCHRONIZE Hip c"hipEventSynchronize": fn(Handle) -> HipError;
+    HIP_EVENT_ELAPSED_TIME Hip c"hipEventElapsedTime": fn(*mut f32, Handle, Handle) -> HipError;
+    HIP_STREAM_IS_CAPTURING Hip c"hipStreamIsCapturing": fn(Handle, *mut c_int) -> HipError;
+    HIP_STREAM_QUERY Hip c"hipStreamQuery": fn(Handle) -> HipError;
+    HIP_THREAD_EXCHANGE_STREAM_CAPTURE_MODE Hip c"hipThreadExchangeStreamCaptureMode":
+        fn(*mut c_int) -> HipError;
 
     RSMI_DEV_MEMORY_TOTAL_GET RocmSmi c"rsmi_dev_memory_total_get":
         fn(u32, c_int, *mut u64) -> RsmiStatus;
