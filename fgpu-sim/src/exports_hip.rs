@@ -1,10 +1,11 @@
-//! The exported HIP runtime (`libamdhip64.so`) and ROCm SMI (`librocm_smi64.so`) symbols:
+//! The exported HIP runtime (`libamdhip64.so`), ROCm SMI (`librocm_smi64.so`) and AMD SMI
+//! (`libamd_smi.so`) symbols:
 //! naked trampolines like the CUDA ones ([`crate::exports`]), uprobe-safe at entry, and the
 //! name → entry table that `hipGetProcAddress` answers from.
 
 #![allow(non_snake_case)]
 
-use crate::hip::{device, exec, memory, smi};
+use crate::hip::{amdsmi, device, exec, memory, smi};
 
 macro_rules! hip_exports {
     ($($name:ident => $target:path;)*) => {
@@ -102,4 +103,13 @@ hip_exports! {
     rsmi_dev_unique_id_get => smi::rsmi_dev_unique_id_get;
     rsmi_dev_memory_total_get => smi::rsmi_dev_memory_total_get;
     rsmi_dev_memory_usage_get => smi::rsmi_dev_memory_usage_get;
+
+    amdsmi_init => amdsmi::amdsmi_init;
+    amdsmi_shut_down => amdsmi::amdsmi_shut_down;
+    amdsmi_get_socket_handles => amdsmi::amdsmi_get_socket_handles;
+    amdsmi_get_processor_handles => amdsmi::amdsmi_get_processor_handles;
+    amdsmi_get_gpu_device_uuid => amdsmi::amdsmi_get_gpu_device_uuid;
+    amdsmi_get_gpu_memory_total => amdsmi::amdsmi_get_gpu_memory_total;
+    amdsmi_get_gpu_memory_usage => amdsmi::amdsmi_get_gpu_memory_usage;
+    amdsmi_get_gpu_vram_usage => amdsmi::amdsmi_get_gpu_vram_usage;
 }

@@ -70,6 +70,7 @@ fn candidate(name: &[u8]) -> bool {
         || name.starts_with(b"nvml")
         || name.starts_with(b"hip")
         || name.starts_with(b"rsmi")
+        || name.starts_with(b"amdsmi")
 }
 
 /// `dlsym(RTLD_NEXT, name)`: our wrapper if `name` is wrapped and the driver is loaded, else

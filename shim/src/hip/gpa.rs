@@ -9,7 +9,7 @@
 
 use super::alloc::real_or_3;
 use super::real::{self, HipError};
-use super::{alloc, enabled, info, vmm};
+use super::{alloc, amdsmi, enabled, info, vmm};
 use crate::real::Raw;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -33,6 +33,9 @@ crate::gpa::wrap_table! {
     HIP_DEVICE_TOTAL_MEM => info::hipDeviceTotalMem,
     RSMI_DEV_MEMORY_TOTAL_GET => info::rsmi_dev_memory_total_get,
     RSMI_DEV_MEMORY_USAGE_GET => info::rsmi_dev_memory_usage_get,
+    AMDSMI_GET_GPU_MEMORY_TOTAL => amdsmi::amdsmi_get_gpu_memory_total,
+    AMDSMI_GET_GPU_MEMORY_USAGE => amdsmi::amdsmi_get_gpu_memory_usage,
+    AMDSMI_GET_GPU_VRAM_USAGE => amdsmi::amdsmi_get_gpu_vram_usage,
 }
 
 /// # Safety

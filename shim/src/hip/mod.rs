@@ -21,6 +21,7 @@
 //!   (crate::gate).
 
 pub mod alloc;
+pub mod amdsmi;
 pub mod gpa;
 pub mod info;
 pub mod launch;

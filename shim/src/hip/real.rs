@@ -8,10 +8,22 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 
 pub type HipError = c_int;
 pub type RsmiStatus = c_int;
+pub type AmdsmiStatus = c_uint;
 pub const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
 pub const HIP_ERROR_NOT_INITIALIZED: HipError = 3;
 pub const RSMI_STATUS_INIT_ERROR: RsmiStatus = 8;
 pub const RSMI_MEM_TYPE_VRAM: c_int = 0;
+pub const AMDSMI_STATUS_INIT_ERROR: AmdsmiStatus = 18;
+pub const AMDSMI_MEM_TYPE_VRAM: c_int = 0;
+
+/// `amdsmi_vram_usage_t` (MB).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct VramUsage {
+    pub vram_total: u32,
+    pub vram_used: u32,
+    pub reserved: [u32; 2],
+}
 
 /// `dim3` (passed by value to `hipLaunchKernel` and `hipExtLaunchKernel`).
 #[repr(C)]
@@ -98,4 +110,18 @@ hip_syms! {
     RSMI_DEV_MEMORY_USAGE_GET RocmSmi c"rsmi_dev_memory_usage_get":
         fn(u32, c_int, *mut u64) -> RsmiStatus;
     RSMI_DEV_UNIQUE_ID_GET RocmSmi c"rsmi_dev_unique_id_get": fn(u32, *mut u64) -> RsmiStatus;
+
+    AMDSMI_GET_GPU_MEMORY_TOTAL AmdSmi c"amdsmi_get_gpu_memory_total":
+        fn(Handle, c_int, *mut u64) -> AmdsmiStatus;
+    AMDSMI_GET_GPU_MEMORY_USAGE AmdSmi c"amdsmi_get_gpu_memory_usage":
+        fn(Handle, c_int, *mut u64) -> AmdsmiStatus;
+    AMDSMI_GET_GPU_VRAM_USAGE AmdSmi c"amdsmi_get_gpu_vram_usage":
+        fn(Handle, *mut VramUsage) -> AmdsmiStatus;
+    // Helpers, never wrapped.
+    AMDSMI_GET_GPU_DEVICE_UUID AmdSmi c"amdsmi_get_gpu_device_uuid":
+        fn(Handle, *mut c_uint, *mut c_char) -> AmdsmiStatus;
+    AMDSMI_GET_SOCKET_HANDLES AmdSmi c"amdsmi_get_socket_handles":
+        fn(*mut u32, *mut Handle) -> AmdsmiStatus;
+    AMDSMI_GET_PROCESSOR_HANDLES AmdSmi c"amdsmi_get_processor_handles":
+        fn(Handle, *mut u32, *mut Handle) -> AmdsmiStatus;
 }

@@ -333,4 +333,86 @@ impl Run {
         }
         rc
     }
+
+    /// Every AMD SMI processor: UUID, VRAM total and usage (bytes and the MB of
+    /// `amdsmi_get_gpu_vram_usage`).
+    pub(super) fn amdsmi(&mut self) -> i32 {
+        let Some(s) = self.amdsmi else {
+            out("amdsmi err rc=-1".into());
+            return -1;
+        };
+        let lib = Hip {
+            handle: s,
+            gpa: None,
+        };
+        let mut rc = call!(lib, "amdsmi_init", fn(u64), 2);
+        let mut sockets = [std::ptr::null_mut::<c_void>(); 16];
+        let mut n = sockets.len() as u32;
+        if rc == 0 {
+            rc = call!(
+                lib,
+                "amdsmi_get_socket_handles",
+                fn(*mut u32, *mut Ptr),
+                &mut n,
+                sockets.as_mut_ptr()
+            );
+        }
+        let mut d = 0;
+        for &sock in &sockets[..if rc == 0 { n as usize } else { 0 }] {
+            let mut procs = [std::ptr::null_mut::<c_void>(); 16];
+            let mut k = procs.len() as u32;
+            rc |= call!(
+                lib,
+                "amdsmi_get_processor_handles",
+                fn(Ptr, *mut u32, *mut Ptr),
+                sock,
+                &mut k,
+                procs.as_mut_ptr()
+            );
+            for &p in &procs[..k as usize] {
+                let mut uuid = [0 as c_char; 64];
+                let mut len = uuid.len() as u32;
+                let (mut t, mut u) = (0u64, 0u64);
+                let mut vram = [0u32; 4];
+                let r = call!(
+                    lib,
+                    "amdsmi_get_gpu_device_uuid",
+                    fn(Ptr, *mut u32, *mut c_char),
+                    p,
+                    &mut len,
+                    uuid.as_mut_ptr()
+                ) | call!(
+                    lib,
+                    "amdsmi_get_gpu_memory_total",
+                    fn(Ptr, i32, *mut u64),
+                    p,
+                    0,
+                    &mut t
+                ) | call!(
+                    lib,
+                    "amdsmi_get_gpu_memory_usage",
+                    fn(Ptr, i32, *mut u64),
+                    p,
+                    0,
+                    &mut u
+                ) | call!(
+                    lib,
+                    "amdsmi_get_gpu_vram_usage",
+                    fn(Ptr, *mut [u32; 4]),
+                    p,
+                    &mut vram
+                );
+                // SAFETY: the library wrote a NUL-terminated string (or left zeros).
+                let id = unsafe { CStr::from_ptr(uuid.as_ptr()) }.to_string_lossy();
+                out(format!(
+                    "amdsmi device={d} uuid={id} total={t} used={u} vram_total_mb={} \
+                     vram_used_mb={} rc={r}",
+                    vram[0], vram[1]
+                ));
+                rc |= r;
+                d += 1;
+            }
+        }
+        rc
+    }
 }

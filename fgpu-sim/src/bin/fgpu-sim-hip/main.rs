@@ -3,7 +3,7 @@
 //! `dlsym` of `hipGetProcAddress` only and every other entry point through it.
 //!
 //! Options: `--lib PATH` (default libamdhip64.so), `--smi-lib PATH` (default
-//! librocm_smi64.so), `--gpa`, `--strict` (exit 1 if any step fails), `--spt` (launch with
+//! librocm_smi64.so), `--amdsmi-lib PATH` (default libamd_smi.so), `--gpa`, `--strict` (exit 1 if any step fails), `--spt` (launch with
 //! `hipLaunchKernel_spt` / `hipGraphLaunch_spt`), `--per-thread` (kernels into
 //! `hipStreamPerThread` instead of the null stream).
 //!
@@ -15,6 +15,8 @@
 //!   total             hipDeviceTotalMem(current) → `total bytes=B`
 //!   count | device N | uuid
 //!   smi               rsmi → `smi device=D total=T used=U` per device
+//!   amdsmi            AMD SMI → `amdsmi device=D uuid=U total=T used=U vram_total_mb=M
+//!                     vram_used_mb=M` per processor (sockets, then their processors)
 //!   launch N KERNEL   N hipLaunchKernel of a registered kernel (duration from its name)
 //!   launch-for MS KERNEL  10 launches + hipDeviceSynchronize, repeated for MS ms
 //!   graph-for MS N KERNEL a graph of N launches replayed for MS ms (prints replays)
@@ -130,6 +132,7 @@ fn out(line: String) {
 struct Run {
     hip: Hip,
     smi: Option<Ptr>,
+    amdsmi: Option<Ptr>,
     allocs: Vec<Alloc>,
     kernels: Vec<(String, Box<u8>)>,
     modules: Ptr,
@@ -391,6 +394,7 @@ impl Run {
                 rc
             }
             "smi" => self.smi(),
+            "amdsmi" => self.amdsmi(),
             "launch" => {
                 let n = num(next());
                 let k = next();
@@ -465,12 +469,14 @@ fn main() {
         false,
     );
     let (mut spt, mut per_thread) = (false, false);
+    let mut amdsmi_lib = "libamd_smi.so".to_string();
     let mut rest = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--lib" => lib = it.next().cloned().unwrap_or_default(),
             "--smi-lib" => smi_lib = it.next().cloned().unwrap_or_default(),
+            "--amdsmi-lib" => amdsmi_lib = it.next().cloned().unwrap_or_default(),
             "--gpa" => gpa = true,
             "--strict" => strict = true,
             "--spt" => spt = true,
@@ -512,6 +518,7 @@ fn main() {
     let mut run = Run {
         hip,
         smi: open(&smi_lib).ok(),
+        amdsmi: open(&amdsmi_lib).ok(),
         allocs: Vec::new(),
         kernels: Vec::new(),
         modules: std::ptr::null_mut(),
