@@ -1,10 +1,11 @@
-//! The exported HIP runtime (`libamdhip64.so`) and ROCm SMI (`librocm_smi64.so`) symbols:
+//! The exported HIP runtime (`libamdhip64.so`), ROCm SMI (`librocm_smi64.so`) and AMD SMI
+//! (`libamd_smi.so`) symbols:
 //! naked trampolines like the CUDA ones ([`crate::exports`]), uprobe-safe at entry, and the
 //! name → entry table that `hipGetProcAddress` answers from.
 
 #![allow(non_snake_case)]
 
-use crate::hip::{device, exec, memory, smi};
+use crate::hip::{amdsmi, device, exec, memory, smi};
 
 macro_rules! hip_exports {
     ($($name:ident => $target:path;)*) => {
@@ -62,12 +63,17 @@ hip_exports! {
     __hipRegisterFunction => exec::hip_register_function;
     __hipUnregisterFatBinary => exec::hip_unregister_fat_binary;
     hipLaunchKernel => exec::hip_launch_kernel;
+    hipLaunchKernel_spt => exec::hip_launch_kernel_spt;
     hipExtLaunchKernel => exec::hip_ext_launch_kernel;
     hipModuleLaunchKernel => exec::hip_module_launch_kernel;
     hipModuleLoadData => exec::hip_module_load_data;
     hipModuleGetFunction => exec::hip_module_get_function;
     hipModuleUnload => exec::hip_module_unload;
     hipGraphLaunch => exec::hip_graph_launch;
+    hipGraphLaunch_spt => exec::hip_graph_launch_spt;
+    hipStreamIsCapturing => exec::hip_stream_is_capturing;
+    hipThreadExchangeStreamCaptureMode => exec::hip_thread_exchange_stream_capture_mode;
+    fgpuSimHipEventStats => exec::event_stats;
     hipStreamBeginCapture => exec::hip_stream_begin_capture;
     hipStreamEndCapture => exec::hip_stream_end_capture;
     hipGraphInstantiate => exec::hip_graph_instantiate;
@@ -97,4 +103,13 @@ hip_exports! {
     rsmi_dev_unique_id_get => smi::rsmi_dev_unique_id_get;
     rsmi_dev_memory_total_get => smi::rsmi_dev_memory_total_get;
     rsmi_dev_memory_usage_get => smi::rsmi_dev_memory_usage_get;
+
+    amdsmi_init => amdsmi::amdsmi_init;
+    amdsmi_shut_down => amdsmi::amdsmi_shut_down;
+    amdsmi_get_socket_handles => amdsmi::amdsmi_get_socket_handles;
+    amdsmi_get_processor_handles => amdsmi::amdsmi_get_processor_handles;
+    amdsmi_get_gpu_device_uuid => amdsmi::amdsmi_get_gpu_device_uuid;
+    amdsmi_get_gpu_memory_total => amdsmi::amdsmi_get_gpu_memory_total;
+    amdsmi_get_gpu_memory_usage => amdsmi::amdsmi_get_gpu_memory_usage;
+    amdsmi_get_gpu_vram_usage => amdsmi::amdsmi_get_gpu_vram_usage;
 }

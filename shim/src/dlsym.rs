@@ -70,6 +70,7 @@ fn candidate(name: &[u8]) -> bool {
         || name.starts_with(b"nvml")
         || name.starts_with(b"hip")
         || name.starts_with(b"rsmi")
+        || name.starts_with(b"amdsmi")
 }
 
 /// `dlsym(RTLD_NEXT, name)`: our wrapper if `name` is wrapped and the driver is loaded, else
@@ -84,7 +85,9 @@ extern "C" fn rtld_next_lookup(name: *const c_char) -> *mut c_void {
     if !candidate(n) {
         return std::ptr::null_mut();
     }
-    if let Some((wrapper, raw)) = crate::launch::wrapper_by_name(n) {
+    if let Some((wrapper, raw)) =
+        crate::launch::wrapper_by_name(n).or_else(|| crate::hip::launch::wrapper_by_name(n))
+    {
         // Launch entry points: always ours (one atomic load while nothing is gated).
         return if raw.addr() != 0 {
             wrapper as *mut c_void
@@ -114,7 +117,9 @@ extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
     }
     // Launch entry points are wrapped with or without a limit (see crate::launch), and so
     // is cuGetProcAddress, through which the CUDA runtime reaches them.
-    let (wrapper, raw, always) = match crate::launch::wrapper_by_name(n) {
+    let launch =
+        crate::launch::wrapper_by_name(n).or_else(|| crate::hip::launch::wrapper_by_name(n));
+    let (wrapper, raw, always) = match launch {
         Some((w, r)) => (w, r, true),
         None => match crate::gpa::wrapper_by_name(n) {
             Some((w, r)) => (w, r, is_gpa(n)),

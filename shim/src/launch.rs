@@ -70,6 +70,7 @@ pub fn publish(open: bool) {
     for (f, raw) in FAST.iter().zip(RAWS) {
         f.store(if open { raw.callable() } else { 0 }, Relaxed);
     }
+    crate::hip::launch::publish(open);
 }
 
 /// The entry points' call addresses changed (inline hooks installed): an open fast path

@@ -32,10 +32,12 @@ pub enum Lib {
     /// AMD's HIP runtime and ROCm SMI (crate::hip).
     Hip = 2,
     RocmSmi = 3,
+    /// AMD SMI (`libamd_smi`, used by `amd-smi`; crate::hip::amdsmi).
+    AmdSmi = 4,
 }
 
 /// The names each library is looked up by (RTLD_NOLOAD), first one also loaded by.
-const LIB_NAMES: [&[&CStr]; 4] = [
+const LIB_NAMES: [&[&CStr]; 5] = [
     &[c"libcuda.so.1"],
     &[c"libnvidia-ml.so.1"],
     &[
@@ -50,14 +52,20 @@ const LIB_NAMES: [&[&CStr]; 4] = [
         c"librocm_smi64.so.6",
         c"librocm_smi64.so.5",
     ],
+    &[
+        c"libamd_smi.so",
+        c"libamd_smi.so.26",
+        c"libamd_smi.so.25",
+        c"libamd_smi.so.24",
+    ],
 ];
 
 /// Library handles (0 = not found yet).
-static HANDLES: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
+static HANDLES: [AtomicUsize; 5] = [const { AtomicUsize::new(0) }; 5];
 /// Whether every entry point of a library has been looked up in its loaded handle: an entry
 /// point still unresolved then is missing from this driver, and is not looked up again on
 /// every use (a failing `dlsym` costs microseconds: it formats an error message).
-static RESOLVED: [AtomicBool; 4] = [const { AtomicBool::new(false) }; 4];
+static RESOLVED: [AtomicBool; 5] = [const { AtomicBool::new(false) }; 5];
 
 /// One entry point: its name, library and resolved address (0 = unresolved).
 pub struct Raw {

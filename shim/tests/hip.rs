@@ -1,5 +1,5 @@
-//! libfgpu.so against the simulated HIP runtime (fgpu-sim's `libamdhip64.so` and
-//! `librocm_smi64.so`): the same memory limits for HIP clients as for CUDA ones. No GPU and
+//! libfgpu.so against the simulated HIP runtime (fgpu-sim's `libamdhip64.so`,
+//! `librocm_smi64.so` and `libamd_smi.so`): the same memory limits for HIP clients as for CUDA ones. No GPU and
 //! no root needed; no AMD GPU is involved anywhere (docs/amd.md).
 //!
 //! The HIP side does not charge context memory (docs/amd.md), so a limit here is what the
@@ -27,7 +27,7 @@ impl HipWorld {
     fn new(name: &str) -> HipWorld {
         let w = World::new(name);
         let sim = target_dir().join("libfgpu_sim.so");
-        for n in ["libamdhip64.so", "librocm_smi64.so"] {
+        for n in ["libamdhip64.so", "librocm_smi64.so", "libamd_smi.so"] {
             std::fs::copy(&sim, w.libdir.join(n)).unwrap();
         }
         let bin = target_dir().join("fgpu-sim-hip");
@@ -80,6 +80,7 @@ fn fill_exactly(style: &[&str], api: &str) {
         "info",
         "total",
         "smi",
+        "amdsmi",
     ]);
     let h = hw.hold(&[("FGPU_MEMORY_LIMIT", "1124MiB")], &args);
     let ctx = format!("api {api} style {style:?}\n{}", h.before);
@@ -103,6 +104,26 @@ fn fill_exactly(style: &[&str], api: &str) {
     );
     assert_eq!(o.field("smi device=0", "total"), limit, "rsmi total: {ctx}");
     assert_eq!(o.field("smi device=0", "used"), limit, "rsmi used: {ctx}");
+    assert_eq!(
+        o.field("amdsmi device=0", "total"),
+        limit,
+        "amdsmi total: {ctx}"
+    );
+    assert_eq!(
+        o.field("amdsmi device=0", "used"),
+        limit,
+        "amdsmi used: {ctx}"
+    );
+    assert_eq!(
+        o.field("amdsmi device=0", "vram_total_mb"),
+        limit / MIB,
+        "amdsmi_get_gpu_vram_usage: {ctx}"
+    );
+    assert_eq!(
+        o.field("amdsmi device=0", "vram_used_mb"),
+        limit / MIB,
+        "{ctx}"
+    );
     let driver = hw.w.device_used();
     let expect = if api == "managed" {
         OVERHEAD
@@ -218,6 +239,7 @@ fn hip_visible_devices_pick_the_device_and_its_limit() {
                 "malloc",
                 "1",
                 "smi",
+                "amdsmi",
             ],
         );
         let o = Out {
@@ -240,6 +262,17 @@ fn hip_visible_devices_pick_the_device_and_its_limit() {
             DEVICE,
             "not visible, not limited: {o}"
         );
+        // AMD SMI's processor handles: the same physical devices, told apart by the unique
+        // id in their UUIDs.
+        assert_eq!(o.field("amdsmi device=1", "used"), 512 * MIB, "{var}: {o}");
+        assert_eq!(o.field("amdsmi device=1", "total"), 512 * MIB, "{var}: {o}");
+        assert_eq!(
+            o.field("amdsmi device=1", "vram_total_mb"),
+            512,
+            "{var}: {o}"
+        );
+        assert_eq!(o.field("amdsmi device=0", "total"), DEVICE, "{var}: {o}");
+        assert_eq!(o.field("amdsmi device=0", "used"), 0, "{var}: {o}");
         let (_, used0) = hw.smi_unlimited(0);
         assert_eq!(used0, 0, "nothing on physical device 0: {var}");
         let (_, used1) = hw.smi_unlimited(1);
@@ -253,10 +286,11 @@ fn fgpu_hip_off_passes_hip_through_and_no_limit_means_untouched() {
     let hw = HipWorld::new("hip-off");
     let off = hw.run(
         &[("FGPU_MEMORY_LIMIT", "256MiB"), ("FGPU_HIP", "off")],
-        &["alloc-api", "malloc", "512MiB", "info"],
+        &["alloc-api", "malloc", "512MiB", "info", "amdsmi"],
     );
     assert_eq!(off.allocs(), vec![Ok(512 * MIB)], "{off}");
     assert_eq!(off.field("info ", "total"), DEVICE, "{off}");
+    assert_eq!(off.field("amdsmi device=0", "total"), DEVICE, "{off}");
     let none = hw.run(&[], &["alloc-api", "malloc", "4GiB", "total"]);
     assert_eq!(none.allocs(), vec![Ok(4 * GIB)], "{none}");
     assert_eq!(none.field("total ", "bytes"), DEVICE, "{none}");

@@ -11,12 +11,14 @@ pub fn sim_dir() -> PathBuf {
     root().join("target").join("sim")
 }
 
-/// The sonames the simulated HIP runtime and ROCm SMI are installed under.
-pub const HIP_SIM_NAMES: [&str; 4] = [
+/// The sonames the simulated HIP runtime, ROCm SMI and AMD SMI are installed under.
+pub const HIP_SIM_NAMES: [&str; 6] = [
     "libamdhip64.so",
     "libamdhip64.so.7",
     "librocm_smi64.so",
     "librocm_smi64.so.7",
+    "libamd_smi.so",
+    "libamd_smi.so.26",
 ];
 
 /// `cargo build --release` of the workspace, then the sim installed into target/sim.

@@ -1,4 +1,5 @@
-//! The GPUs of the node, as NVML reports them (the simulated NVML under `--sim`).
+//! The GPUs of the node, as NVML reports them (the simulated NVML under `--sim`), or ROCm
+//! SMI on a node without NVML (AMD GPUs, [`super::smi`]).
 
 use std::path::Path;
 
@@ -21,8 +22,10 @@ pub struct Gpus {
 
 impl Gpus {
     /// Opens NVML (`lib` overrides where libnvidia-ml.so.1 is loaded from) and lists the
-    /// devices. Without NVML (no NVIDIA driver, an AMD node) the list is empty and the
-    /// agent still attributes memory; checks that need device sizes are then skipped.
+    /// devices. Without NVML (no NVIDIA driver, an AMD node) the devices come from ROCm SMI
+    /// (`librocm_smi64.so`, from `lib`'s directory if given); without either the list is
+    /// empty and the agent still attributes memory; checks that need device sizes are then
+    /// skipped.
     pub fn open(lib: Option<&Path>) -> Self {
         let mut builder = Nvml::builder();
         if let Some(lib) = lib {
@@ -31,9 +34,9 @@ impl Gpus {
         let nvml = match builder.init() {
             Ok(nvml) => nvml,
             Err(err) => {
-                tracing::warn!("NVML unavailable ({err}): device sizes unknown");
+                let smi = lib.and_then(Path::parent).map(super::smi::lib_in);
                 return Self {
-                    devices: Vec::new(),
+                    devices: super::smi::discover(&err.to_string(), smi.as_deref()),
                     nvml: None,
                 };
             }

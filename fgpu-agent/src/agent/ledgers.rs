@@ -240,13 +240,17 @@ fn usage_memfd_in(cgroup_dir: &Path) -> Option<OwnedFd> {
     })
 }
 
-/// The 16 bytes of an NVML UUID string (`GPU-5e1a0000-0000-...`).
+/// The 16 bytes of an NVML UUID string (`GPU-5e1a0000-0000-...`), or of ROCm's form
+/// (`GPU-` + 16 hex digits of the unique id: its 16 ASCII characters, lowercase, as
+/// `hipDeviceGetUuid` returns them; [`super::smi`]).
 pub fn uuid_bytes(nvml_uuid: &str) -> Option<[u8; 16]> {
-    let hex: String = nvml_uuid
-        .trim_start_matches("GPU-")
-        .chars()
-        .filter(|c| *c != '-')
-        .collect();
+    let body = nvml_uuid.trim_start_matches("GPU-");
+    if body.len() == 16 && body.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let mut out = [0u8; 16];
+        out.copy_from_slice(body.to_ascii_lowercase().as_bytes());
+        return Some(out);
+    }
+    let hex: String = body.chars().filter(|c| *c != '-').collect();
     if hex.len() != 32 {
         return None;
     }

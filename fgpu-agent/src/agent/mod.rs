@@ -32,6 +32,7 @@ mod report;
 mod request;
 mod scm;
 mod server;
+mod smi;
 mod targets;
 mod watcher;
 

@@ -4,6 +4,7 @@ use super::*;
 use crate::cuda::device as cu;
 use crate::ffi::{put, str_arg};
 use std::ffi::{c_char, c_void};
+use std::sync::OnceLock;
 
 /// HIP_VERSION of the simulated runtime (7.0).
 pub const HIP_VERSION: i32 = 70_000_000;
@@ -62,14 +63,27 @@ pub extern "C" fn hip_get_device(out: *mut i32) -> HipError {
     }
 }
 
-/// `hipDeviceGetUuid(hipUUID *, hipDevice_t)`: the same 16 bytes the CUDA personality and
-/// NVML report for the physical device, so a device has one identity everywhere.
+/// The 16 bytes `hipDeviceGetUuid` reports for physical device `p`: the same bytes the CUDA
+/// personality and NVML report, so a device has one identity everywhere; or, with
+/// `FGPU_SIM_HIP_UUID=rocm`, ROCm's form — the 16 lowercase hex digits of the SMI unique id
+/// as ASCII — as on an AMD node, where no CUDA or NVML names the device.
+pub fn hip_uuid(p: usize) -> [u8; 16] {
+    static ROCM: OnceLock<bool> = OnceLock::new();
+    if *ROCM.get_or_init(|| std::env::var("FGPU_SIM_HIP_UUID").is_ok_and(|v| v == "rocm")) {
+        let mut b = [0u8; 16];
+        b.copy_from_slice(format!("{:016x}", super::smi::unique_id(p)).as_bytes());
+        return b;
+    }
+    cu::uuid_bytes(p)
+}
+
+/// `hipDeviceGetUuid(hipUUID *, hipDevice_t)`: [`hip_uuid`].
 pub extern "C" fn hip_device_get_uuid(out: *mut [u8; 16], ord: i32) -> HipError {
     if let Err(e) = initialize() {
         return e;
     }
     match physical(ord) {
-        Ok(p) if put(out, cu::uuid_bytes(p)) => HIP_SUCCESS,
+        Ok(p) if put(out, hip_uuid(p)) => HIP_SUCCESS,
         Ok(_) => HIP_ERROR_INVALID_VALUE,
         Err(e) => e,
     }

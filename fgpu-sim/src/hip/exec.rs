@@ -12,6 +12,14 @@ use crate::cuda::{context as cuctx, launch as cu, stream};
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Events this process created and recorded through HIP, and records into a capturing
+/// stream (which do nothing): what `fgpuSimHipEventStats` reports, so that tests can see
+/// every event call anyone in the process made (a preloaded shim's included).
+static EVENTS_CREATED: AtomicU64 = AtomicU64::new(0);
+static EVENTS_RECORDED: AtomicU64 = AtomicU64::new(0);
+static RECORDS_INTO_CAPTURE: AtomicU64 = AtomicU64::new(0);
 
 /// Host stub address → simulated function handle.
 static KERNELS: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
@@ -166,6 +174,62 @@ pub extern "C" fn hip_graph_launch(exec: usize, stream: usize) -> HipError {
     call(|_| cu::cu_graph_launch(exec, stream))
 }
 
+/// `hipStreamPerThread`.
+const STREAM_PER_THREAD: usize = 2;
+
+/// The stream an `_spt` entry point means: 0 is the calling thread's default stream.
+fn per_thread(stream: usize) -> usize {
+    if stream == 0 {
+        STREAM_PER_THREAD
+    } else {
+        stream
+    }
+}
+
+/// `hipLaunchKernel_spt`: as `hipLaunchKernel`, the null stream meaning the per-thread one.
+pub extern "C" fn hip_launch_kernel_spt(
+    host: *const c_void,
+    grid: Dim3,
+    block: Dim3,
+    _args: *mut *mut c_void,
+    _shared: usize,
+    stream: usize,
+) -> HipError {
+    launch_registered(host, grid, block, per_thread(stream))
+}
+
+pub extern "C" fn hip_graph_launch_spt(exec: usize, stream: usize) -> HipError {
+    hip_graph_launch(exec, per_thread(stream))
+}
+
+/// `hipStreamIsCapturing(stream, hipStreamCaptureStatus *)`: 0 none, 1 active.
+pub extern "C" fn hip_stream_is_capturing(s: usize, status: *mut i32) -> HipError {
+    call(|_| stream::cu_stream_is_capturing(s, status))
+}
+
+/// `hipThreadExchangeStreamCaptureMode(hipStreamCaptureMode *)`: the thread's mode is
+/// exchanged (the simulator keeps it but nothing depends on it).
+pub extern "C" fn hip_thread_exchange_stream_capture_mode(mode: *mut i32) -> HipError {
+    thread_local! {
+        static MODE: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+    }
+    if mode.is_null() {
+        return HIP_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: a non-NULL in/out pointer from the caller (HIP API contract).
+    unsafe { *mode = MODE.with(|m| m.replace(*mode)) };
+    HIP_SUCCESS
+}
+
+/// `fgpuSimHipEventStats(created *, recorded *, into_capture *)` (simulator only): the
+/// counters above.
+pub extern "C" fn event_stats(created: *mut u64, recorded: *mut u64, into: *mut u64) -> HipError {
+    crate::ffi::put(created, EVENTS_CREATED.load(Relaxed));
+    crate::ffi::put(recorded, EVENTS_RECORDED.load(Relaxed));
+    crate::ffi::put(into, RECORDS_INTO_CAPTURE.load(Relaxed));
+    HIP_SUCCESS
+}
+
 pub extern "C" fn hip_stream_begin_capture(s: usize, mode: i32) -> HipError {
     call(|_| stream::cu_stream_begin_capture(s, mode))
 }
@@ -226,15 +290,29 @@ pub extern "C" fn hip_device_synchronize() -> HipError {
 }
 
 pub extern "C" fn hip_event_create(out: *mut usize) -> HipError {
-    call(|_| stream::cu_event_create(out, 0))
+    hip_event_create_with_flags(out, 0)
 }
 
 pub extern "C" fn hip_event_create_with_flags(out: *mut usize, flags: u32) -> HipError {
-    call(|_| stream::cu_event_create(out, flags))
+    let rc = call(|_| stream::cu_event_create(out, flags));
+    if rc == HIP_SUCCESS {
+        EVENTS_CREATED.fetch_add(1, Relaxed);
+    }
+    rc
 }
 
 pub extern "C" fn hip_event_record(ev: usize, s: usize) -> HipError {
-    call(|_| stream::cu_event_record(ev, s))
+    call(|_| {
+        let mut st = 0;
+        if stream::cu_stream_is_capturing(s, &mut st) == 0 && st != 0 {
+            RECORDS_INTO_CAPTURE.fetch_add(1, Relaxed);
+        }
+        let rc = stream::cu_event_record(ev, s);
+        if rc == HIP_SUCCESS {
+            EVENTS_RECORDED.fetch_add(1, Relaxed);
+        }
+        rc
+    })
 }
 
 pub extern "C" fn hip_event_synchronize(ev: usize) -> HipError {

@@ -9,6 +9,7 @@
 //! `HIP_VISIBLE_DEVICES` selects among those (indices). Error codes are HIP's, which for
 //! every code used here equal CUDA's (hipErrorOutOfMemory = 2).
 
+pub mod amdsmi;
 pub mod device;
 pub mod exec;
 pub mod memory;

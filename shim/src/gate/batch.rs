@@ -15,8 +15,8 @@ use fgpu_common::ledger::SlotCompute;
 
 use super::budget::{self, Dev};
 use super::driver::{
-    CU_EVENT_DEFAULT, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, RelaxedCapture, capturing, elapsed_ns,
-    event_create, event_query, event_record, stream_idle,
+    Api, CU_EVENT_DEFAULT, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, RelaxedCapture, capturing,
+    elapsed_ns, event_create, event_query, event_record, stream_idle,
 };
 use super::streams::{Inner, Stream};
 use super::{Kind, STATS, now_ns};
@@ -59,9 +59,9 @@ pub const NO_BATCH: Batch = Batch {
     counted: None,
 };
 
-fn ensure_event(ev: &mut usize, flags: c_uint) -> bool {
+fn ensure_event(api: Api, ev: &mut usize, flags: c_uint) -> bool {
     if *ev == 0 {
-        *ev = event_create(flags);
+        *ev = event_create(api, flags);
     }
     *ev != 0
 }
@@ -76,7 +76,7 @@ fn settle_oldest(s: &Stream, inner: &mut Inner, d: &Dev, m: u8, done: bool) {
         Start::None => 0,
     };
     let measured = if done && start != 0 {
-        elapsed_ns(start, inner.ev_end[p])
+        elapsed_ns(inner.api, start, inner.ev_end[p])
     } else {
         None
     };
@@ -115,9 +115,9 @@ pub fn settle_ready(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
     if inner.out == 0 {
         return;
     }
-    let _relaxed = RelaxedCapture::enter();
+    let _relaxed = RelaxedCapture::enter(inner.api);
     while inner.out > 0 {
-        match event_query(inner.ev_end[inner.head]) {
+        match event_query(inner.api, inner.ev_end[inner.head]) {
             CUDA_SUCCESS => settle_oldest(s, inner, d, m, true),
             CUDA_ERROR_NOT_READY => break,
             _ => settle_oldest(s, inner, d, m, false),
@@ -137,12 +137,12 @@ const POLL_MAX_NS: u64 = 200_000;
 /// loop's speed), so the wait looks at the event and sleeps in between instead of spinning
 /// in `cuEventSynchronize`.
 fn wait_oldest(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
-    let _relaxed = RelaxedCapture::enter();
+    let _relaxed = RelaxedCapture::enter(inner.api);
     let t = now_ns();
     let ev = inner.ev_end[inner.head];
     let mut nap = POLL_FIRST_NS;
     let ok = loop {
-        match event_query(ev) {
+        match event_query(inner.api, ev) {
             CUDA_SUCCESS => break true,
             CUDA_ERROR_NOT_READY => {
                 budget::sleep_ns(nap);
@@ -161,12 +161,12 @@ pub fn open_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8, kind: Kind, now
     let start = if inner.out > 0 {
         Start::Prev
     } else {
-        if capturing(inner.rec) {
+        if capturing(inner.api, inner.rec) {
             return false;
         }
         let p = (inner.head + inner.out) % RING;
-        let ok = ensure_event(&mut inner.ev_start[p], CU_EVENT_DEFAULT)
-            && event_record(inner.ev_start[p], inner.rec);
+        let ok = ensure_event(inner.api, &mut inner.ev_start[p], CU_EVENT_DEFAULT)
+            && event_record(inner.api, inner.ev_start[p], inner.rec);
         if ok { Start::Own } else { Start::None }
     };
     inner.open = Some(Batch {
@@ -226,7 +226,7 @@ fn take_open(s: &Stream, inner: &mut Inner) -> Option<Batch> {
 pub fn close_after_pause(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
     let known = inner.open.is_some_and(|b| inner.known[b.kind as usize]);
     settle_ready(s, inner, d, m);
-    if known && inner.out == 0 && stream_idle(inner.rec) {
+    if known && inner.out == 0 && stream_idle(inner.api, inner.rec) {
         let Some(b) = take_open(s, inner) else {
             return;
         };
@@ -250,7 +250,7 @@ pub fn close_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
         forget(&b);
         return;
     }
-    if capturing(inner.rec) {
+    if capturing(inner.api, inner.rec) {
         budget::charge_local(d, m, -b.est);
         forget(&b);
         return;
@@ -269,8 +269,8 @@ pub fn close_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
     // is recorded again only when its record is reused, and the wait above keeps at most
     // RING - 1 records in use.
     let p = (inner.head + inner.out) % RING;
-    if !(ensure_event(&mut inner.ev_end[p], CU_EVENT_DEFAULT)
-        && event_record(inner.ev_end[p], inner.rec))
+    if !(ensure_event(inner.api, &mut inner.ev_end[p], CU_EVENT_DEFAULT)
+        && event_record(inner.api, inner.ev_end[p], inner.rec))
     {
         forget(&b);
         return; // charged by estimate only

@@ -15,9 +15,8 @@ use std::sync::atomic::{
 
 use fgpu_common::ledger::{DeviceTurn, Ledger, MAX_DEVICES, SlotCompute};
 
+use super::driver::{self, DEVICES};
 use super::{ENV_PCT, LEDGER_GATED, STALE_WARNED, STATS, now_ns};
-use crate::account;
-use crate::config::MAX_ORDINALS;
 use crate::ledger_file;
 use crate::log::warning;
 
@@ -71,7 +70,7 @@ impl Dev {
     }
 }
 
-static DEVS: [Dev; MAX_ORDINALS] = [const { Dev::new() }; MAX_ORDINALS];
+static DEVS: [Dev; DEVICES] = [const { Dev::new() }; DEVICES];
 /// Threads of this process waiting for a turn, per ledger device record.
 static WAITERS: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
 
@@ -174,9 +173,9 @@ pub fn ledger_setting(l: &Ledger, idx: usize) -> (bool, u32) {
     (gated(cap) || gated(share), pct)
 }
 
-/// Resolves (once per ledger change) how device `ord` is gated.
+/// Resolves (once per ledger change) how gate device `ord` is gated.
 pub fn dev_mode(ord: usize) -> (&'static Dev, u8) {
-    let d = &DEVS[ord.min(MAX_ORDINALS - 1)];
+    let d = &DEVS[ord.min(DEVICES - 1)];
     let m = d.mode.load(Acquire);
     if m != M_UNSET {
         return (d, m);
@@ -189,7 +188,7 @@ pub fn dev_mode(ord: usize) -> (&'static Dev, u8) {
     }
     if LEDGER_GATED.load(Relaxed)
         && let Some((l, _)) = ledger_file::get()
-        && let Some(idx) = account::dev_index(l, ord as i32)
+        && let Some(idx) = driver::dev_index(l, ord)
     {
         let (gated, pct) = ledger_setting(l, idx);
         if gated {

@@ -1,26 +1,62 @@
 //! The driver calls the gate makes itself: timing events, the stream-capture check, the
 //! relaxed capture mode for its own queries, the current context. Each returns a plain value
 //! (0 / false / an error code) when the driver lacks the entry point.
+//!
+//! Two device APIs share the gate ([`Api`]): CUDA's driver API and AMD's HIP runtime. Their
+//! event, stream and capture calls have the same shapes and the same codes for what the gate
+//! looks at (success 0, not ready 600, relaxed capture mode 2), so each call picks the entry
+//! point of the stream's API and the rest of the gate does not know which one it drives.
+//! What differs: HIP has no contexts the gate can name, so its "context" is the current
+//! device (ordinal + 1), and HIP devices have gate device numbers of their own
+//! ([`device`]: `MAX_ORDINALS` + HIP ordinal), bound to ledger records by HIP UUID.
 
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::STATS;
-use crate::real::{self, CUresult, Handle};
+use crate::config::MAX_ORDINALS;
+use crate::hip::real as hip;
+use crate::real::{self, CUresult, Handle, Sym};
+use fgpu_common::ledger::Ledger;
 
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CU_EVENT_DEFAULT: c_uint = 0;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED` = `hipStreamCaptureModeRelaxed`.
 const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+
+/// Gate device numbers: CUDA ordinals below, HIP ordinals from [`HIP_DEVICE_BASE`] on.
+pub const DEVICES: usize = 2 * MAX_ORDINALS;
+const HIP_DEVICE_BASE: usize = MAX_ORDINALS;
+
+/// The device API a launch (and its stream's events) belongs to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum Api {
+    #[default]
+    Cuda,
+    Hip,
+}
+
+/// The entry point of `api`: `cuda` or `hip` (same C signature).
+fn pick<F: Copy>(api: Api, cuda: &Sym<F>, hip: &Sym<F>) -> Option<F> {
+    match api {
+        Api::Cuda => cuda.get(),
+        Api::Hip => hip.get(),
+    }
+}
 
 /// Whether `stream` is capturing (or its capture state cannot be read: then it is treated as
 /// capturing, the safe side; e.g. the legacy stream while another stream captures).
-pub fn capturing(stream: usize) -> bool {
-    let Some(f) = real::CU_STREAM_IS_CAPTURING.get() else {
+pub fn capturing(api: Api, stream: usize) -> bool {
+    let Some(f) = pick(
+        api,
+        &real::CU_STREAM_IS_CAPTURING,
+        &hip::HIP_STREAM_IS_CAPTURING,
+    ) else {
         return false; // no stream capture in this driver
     };
     let mut st: c_int = 0;
-    // SAFETY: cuStreamIsCapturing(CUstream, CUstreamCaptureStatus*) with a valid out-pointer.
+    // SAFETY: cu/hipStreamIsCapturing(stream, status*) with a valid out-pointer.
     let rc = unsafe { f(stream as Handle, &mut st) };
     let cap = rc != CUDA_SUCCESS || st != 0;
     if cap {
@@ -31,24 +67,32 @@ pub fn capturing(stream: usize) -> bool {
 
 /// Relaxed stream-capture mode for the calling thread while it lives: event queries made by
 /// the gate must not invalidate another thread's global-mode capture.
-pub struct RelaxedCapture(Option<c_int>);
+pub struct RelaxedCapture(Option<(c_int, Api)>);
+
+fn exchange_mode(api: Api) -> Option<unsafe extern "C" fn(*mut c_int) -> CUresult> {
+    pick(
+        api,
+        &real::CU_THREAD_EXCHANGE_STREAM_CAPTURE_MODE,
+        &hip::HIP_THREAD_EXCHANGE_STREAM_CAPTURE_MODE,
+    )
+}
 
 impl RelaxedCapture {
-    pub fn enter() -> RelaxedCapture {
-        let Some(f) = real::CU_THREAD_EXCHANGE_STREAM_CAPTURE_MODE.get() else {
+    pub fn enter(api: Api) -> RelaxedCapture {
+        let Some(f) = exchange_mode(api) else {
             return RelaxedCapture(None);
         };
         let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-        // SAFETY: cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode*), valid pointer.
+        // SAFETY: cu/hipThreadExchangeStreamCaptureMode(mode*), valid pointer.
         let rc = unsafe { f(&mut mode) };
-        RelaxedCapture((rc == CUDA_SUCCESS).then_some(mode))
+        RelaxedCapture((rc == CUDA_SUCCESS).then_some((mode, api)))
     }
 }
 
 impl Drop for RelaxedCapture {
     fn drop(&mut self) {
-        if let (Some(mut mode), Some(f)) =
-            (self.0, real::CU_THREAD_EXCHANGE_STREAM_CAPTURE_MODE.get())
+        if let Some((mut mode, api)) = self.0
+            && let Some(f) = exchange_mode(api)
         {
             // SAFETY: as in `enter`: restores the thread's previous mode.
             unsafe { f(&mut mode) };
@@ -56,12 +100,16 @@ impl Drop for RelaxedCapture {
     }
 }
 
-pub fn event_create(flags: c_uint) -> usize {
-    let Some(f) = real::CU_EVENT_CREATE.get() else {
+pub fn event_create(api: Api, flags: c_uint) -> usize {
+    let Some(f) = pick(
+        api,
+        &real::CU_EVENT_CREATE,
+        &hip::HIP_EVENT_CREATE_WITH_FLAGS,
+    ) else {
         return 0;
     };
     let mut ev: Handle = std::ptr::null_mut();
-    // SAFETY: cuEventCreate(CUevent*, unsigned) with a valid out-pointer.
+    // SAFETY: cuEventCreate / hipEventCreateWithFlags(event*, unsigned), valid out-pointer.
     if unsafe { f(&mut ev, flags) } != CUDA_SUCCESS {
         return 0;
     }
@@ -69,20 +117,21 @@ pub fn event_create(flags: c_uint) -> usize {
     ev as usize
 }
 
-pub fn event_destroy(ev: usize) {
+pub fn event_destroy(api: Api, ev: usize) {
     if ev != 0
-        && let Some(f) = real::CU_EVENT_DESTROY.get()
+        && let Some(f) = pick(api, &real::CU_EVENT_DESTROY, &hip::HIP_EVENT_DESTROY)
     {
         // SAFETY: an event this module created.
         unsafe { f(ev as Handle) };
     }
 }
 
-pub fn event_record(ev: usize, stream: usize) -> bool {
-    let Some(f) = real::CU_EVENT_RECORD.get() else {
+pub fn event_record(api: Api, ev: usize, stream: usize) -> bool {
+    let Some(f) = pick(api, &real::CU_EVENT_RECORD, &hip::HIP_EVENT_RECORD) else {
         return false;
     };
-    // SAFETY: cuEventRecord(CUevent, CUstream): our event, the caller's (non-capturing) stream.
+    // SAFETY: cu/hipEventRecord(event, stream): our event, the caller's (non-capturing)
+    // stream.
     let ok = unsafe { f(ev as Handle, stream as Handle) } == CUDA_SUCCESS;
     if ok {
         STATS.events_recorded.fetch_add(1, Relaxed);
@@ -90,9 +139,9 @@ pub fn event_record(ev: usize, stream: usize) -> bool {
     ok
 }
 
-pub fn event_query(ev: usize) -> CUresult {
-    match real::CU_EVENT_QUERY.get() {
-        // SAFETY: cuEventQuery(CUevent) on our event.
+pub fn event_query(api: Api, ev: usize) -> CUresult {
+    match pick(api, &real::CU_EVENT_QUERY, &hip::HIP_EVENT_QUERY) {
+        // SAFETY: cu/hipEventQuery(event) on our event.
         Some(f) => unsafe { f(ev as Handle) },
         None => CUDA_SUCCESS,
     }
@@ -100,27 +149,34 @@ pub fn event_query(ev: usize) -> CUresult {
 
 /// Whether everything queued on `stream` has completed (false on any error, e.g. a capturing
 /// stream: then the caller takes the ordinary path).
-pub fn stream_idle(stream: usize) -> bool {
-    let Some(f) = real::CU_STREAM_QUERY.get() else {
+pub fn stream_idle(api: Api, stream: usize) -> bool {
+    let Some(f) = pick(api, &real::CU_STREAM_QUERY, &hip::HIP_STREAM_QUERY) else {
         return false;
     };
-    let _relaxed = RelaxedCapture::enter();
-    // SAFETY: cuStreamQuery(CUstream) on the caller's stream; it only reports.
+    let _relaxed = RelaxedCapture::enter(api);
+    // SAFETY: cu/hipStreamQuery(stream) on the caller's stream; it only reports.
     unsafe { f(stream as Handle) == CUDA_SUCCESS }
 }
 
 /// GPU time between two completed events, in ns.
-pub fn elapsed_ns(start: usize, end: usize) -> Option<i64> {
-    let f = real::CU_EVENT_ELAPSED_TIME
-        .get()
-        .or_else(|| real::CU_EVENT_ELAPSED_TIME_V2.get())?;
+pub fn elapsed_ns(api: Api, start: usize, end: usize) -> Option<i64> {
+    let f = match api {
+        Api::Cuda => real::CU_EVENT_ELAPSED_TIME
+            .get()
+            .or_else(|| real::CU_EVENT_ELAPSED_TIME_V2.get()),
+        Api::Hip => hip::HIP_EVENT_ELAPSED_TIME.get(),
+    }?;
     let mut ms: f32 = 0.0;
-    // SAFETY: cuEventElapsedTime(float*, CUevent, CUevent) with a valid out-pointer.
+    // SAFETY: cu/hipEventElapsedTime(float*, event, event) with a valid out-pointer.
     let rc = unsafe { f(&mut ms, start as Handle, end as Handle) };
     (rc == CUDA_SUCCESS && ms.is_finite()).then(|| ((f64::from(ms) * 1e6) as i64).max(0))
 }
 
-pub fn current_ctx() -> usize {
+/// The calling thread's current context (HIP: its current device's ordinal + 1); 0 if none.
+pub fn current_ctx(api: Api) -> usize {
+    if api == Api::Hip {
+        return crate::hip::current_ordinal().map_or(0, |o| o as usize + 1);
+    }
     let Some(f) = real::CU_CTX_GET_CURRENT.get() else {
         return 0;
     };
@@ -135,9 +191,17 @@ pub fn current_ctx() -> usize {
 /// Makes `ctx` the calling thread's current context (the watcher thread, before it works on
 /// a stream of that context: the legacy stream handle means the current context's). False if
 /// it could not.
-pub fn set_current_ctx(ctx: usize) -> bool {
-    if current_ctx() == ctx {
+pub fn set_current_ctx(api: Api, ctx: usize) -> bool {
+    if current_ctx(api) == ctx {
         return true;
+    }
+    if api == Api::Hip {
+        let (Some(f), Some(ord)) = (hip::HIP_SET_DEVICE.get(), ctx.checked_sub(1)) else {
+            return false;
+        };
+        // SAFETY: hipSetDevice(int) with a device this process used (recorded when its
+        // stream was first seen); it only changes this thread's current device.
+        return unsafe { f(ord as c_int) } == CUDA_SUCCESS;
     }
     let Some(f) = real::CU_CTX_SET_CURRENT.get() else {
         return false;
@@ -145,4 +209,23 @@ pub fn set_current_ctx(ctx: usize) -> bool {
     // SAFETY: cuCtxSetCurrent(CUcontext) with a context the process made current on some
     // thread (recorded when its stream was first seen); it only changes this thread's binding.
     unsafe { f(ctx as Handle) == CUDA_SUCCESS }
+}
+
+/// The gate device number of the calling thread's current device (0 if unknown).
+pub fn device(api: Api) -> usize {
+    let (ord, base) = match api {
+        Api::Cuda => (crate::account::current_ordinal(), 0),
+        Api::Hip => (crate::hip::current_ordinal(), HIP_DEVICE_BASE),
+    };
+    ord.and_then(|o| usize::try_from(o).ok())
+        .filter(|&o| o < MAX_ORDINALS)
+        .map_or(base, |o| base + o)
+}
+
+/// The ledger record of gate device `dev` (bound by the UUID its API reports).
+pub fn dev_index(l: &Ledger, dev: usize) -> Option<usize> {
+    match dev.checked_sub(HIP_DEVICE_BASE) {
+        None => crate::account::dev_index(l, dev as c_int),
+        Some(ord) => crate::hip::dev_index(l, ord as c_int),
+    }
 }

@@ -32,6 +32,7 @@ use crate::ledger_file;
 use crate::log::{error, info, warning};
 use crate::real::{CUresult, Handle};
 use budget::M_OFF;
+pub use driver::Api;
 use driver::CUDA_SUCCESS;
 use fgpu_common::ledger::MAX_DEVICES;
 
@@ -132,10 +133,10 @@ fn settle_all(close_paused: bool) -> bool {
                 batch::settle_ready(s, inner, d, m);
             }
             if close {
-                let prev = driver::current_ctx();
-                if driver::set_current_ctx(inner.ctx) {
+                let prev = driver::current_ctx(inner.api);
+                if driver::set_current_ctx(inner.api, inner.ctx) {
                     batch::close_after_pause(s, inner, d, m);
-                    driver::set_current_ctx(prev);
+                    driver::set_current_ctx(inner.api, prev);
                 }
             }
         }
@@ -324,16 +325,28 @@ extern "C" fn report() {
 
 // ---- the gate ---------------------------------------------------------------------------------
 
-/// The gated path of a launch into `stream` (`ptsz`: the entry point treats stream 0 as the
-/// per-thread stream). `call` makes the real launch.
+/// The gated path of a CUDA launch into `stream` (`ptsz`: the entry point treats stream 0 as
+/// the per-thread stream). `call` makes the real launch.
 pub fn launch(kind: Kind, stream: Handle, ptsz: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+    launch_on(Api::Cuda, kind, stream, ptsz, call)
+}
+
+/// [`launch`] for a launch of `api` (crate::hip::launch: HIP's, whose codes the gate reads
+/// the same way).
+pub fn launch_on(
+    api: Api,
+    kind: Kind,
+    stream: Handle,
+    ptsz: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     if !enabled() {
         return call();
     }
     check_generation();
     let now = now_ns();
-    let (key, rec) = streams::stream_key(stream as usize, ptsz);
-    let Some(s) = streams::find(key, rec, now) else {
+    let (key, rec) = streams::stream_key(api, stream as usize, ptsz);
+    let Some(s) = streams::find(api, key, rec, now) else {
         return call();
     };
     let prev = s.last_use.swap(now, Relaxed);
@@ -359,7 +372,7 @@ pub fn launch(kind: Kind, stream: Handle, ptsz: bool, call: impl FnOnce() -> CUr
     let admitted = budget::admit(
         d,
         m,
-        || driver::capturing(rec),
+        || driver::capturing(api, rec),
         || settle_all(false),
         || {
             if !paused {

@@ -14,8 +14,7 @@ use std::sync::atomic::{
 
 use super::FULL_WARNED;
 use super::batch::{Batch, NO_BATCH, RING};
-use super::driver::{current_ctx, event_destroy};
-use crate::account;
+use super::driver::{self, Api, current_ctx, event_destroy};
 use crate::log::warning;
 
 /// Streams tracked at the same time (per process).
@@ -26,6 +25,8 @@ const IDLE_EVICT_NS: u64 = 1_000_000_000;
 pub const CU_STREAM_PER_THREAD: usize = 2;
 
 pub struct Inner {
+    /// The device API of the stream (and of its events).
+    pub api: Api,
     /// The context the events belong to.
     pub ctx: usize,
     pub ord: usize,
@@ -72,6 +73,7 @@ impl Stream {
             stray_est: AtomicI64::new(0),
             stray_n: AtomicU32::new(0),
             inner: UnsafeCell::new(Inner {
+                api: Api::Cuda,
                 ctx: 0,
                 ord: 0,
                 rec: 0,
@@ -127,7 +129,7 @@ fn thread_tag() -> usize {
 }
 
 /// The table key of a launch's stream and the handle to record events on.
-pub fn stream_key(stream: usize, ptsz: bool) -> (u64, usize) {
+pub fn stream_key(api: Api, stream: usize, ptsz: bool) -> (u64, usize) {
     let per_thread = stream == CU_STREAM_PER_THREAD || (stream == 0 && ptsz);
     let legacy = stream == 1 || (stream == 0 && !ptsz);
     let mix = |a: usize, b: usize| {
@@ -135,9 +137,9 @@ pub fn stream_key(stream: usize, ptsz: bool) -> (u64, usize) {
         k | 1 << 63
     };
     if per_thread {
-        (mix(current_ctx(), thread_tag()), CU_STREAM_PER_THREAD)
+        (mix(current_ctx(api), thread_tag()), CU_STREAM_PER_THREAD)
     } else if legacy {
-        (mix(current_ctx(), 1), 0)
+        (mix(current_ctx(api), 1), 0)
     } else {
         (stream as u64, stream)
     }
@@ -148,7 +150,7 @@ fn hash(key: u64) -> usize {
 }
 
 /// The slot of `key`, made on first use (None: the table is full of busy streams).
-pub fn find(key: u64, rec: usize, now: u64) -> Option<&'static Stream> {
+pub fn find(api: Api, key: u64, rec: usize, now: u64) -> Option<&'static Stream> {
     let h = hash(key);
     for i in 0..STREAMS {
         let s = &TABLE[(h + i) % STREAMS];
@@ -159,7 +161,7 @@ pub fn find(key: u64, rec: usize, now: u64) -> Option<&'static Stream> {
                 if s.key.load(Acquire) != 0 {
                     continue; // taken meanwhile (for another key, or ours: found next time)
                 }
-                setup(&g, key, rec, now);
+                setup(&g, api, key, rec, now);
                 return Some(s);
             }
             _ => {}
@@ -173,7 +175,7 @@ pub fn find(key: u64, rec: usize, now: u64) -> Option<&'static Stream> {
         let Some(g) = s.try_own() else { continue };
         let inner = g.inner();
         if inner.out == 0 && inner.open.is_none() {
-            setup(&g, key, rec, now);
+            setup(&g, api, key, rec, now);
             return Some(s);
         }
     }
@@ -184,20 +186,19 @@ pub fn find(key: u64, rec: usize, now: u64) -> Option<&'static Stream> {
 }
 
 /// Makes an owned slot the one of `key` (events are kept if the context is the same).
-fn setup(g: &Owned<'_>, key: u64, rec: usize, now: u64) {
+fn setup(g: &Owned<'_>, api: Api, key: u64, rec: usize, now: u64) {
     let s = g.0;
     let inner = g.inner();
-    let ctx = current_ctx();
-    if inner.ctx != ctx {
+    let ctx = current_ctx(api);
+    if inner.ctx != ctx || inner.api != api {
         for ev in inner.ev_start.iter_mut().chain(inner.ev_end.iter_mut()) {
-            event_destroy(*ev);
+            event_destroy(inner.api, *ev);
             *ev = 0;
         }
         inner.ctx = ctx;
+        inner.api = api;
     }
-    inner.ord = account::current_ordinal()
-        .and_then(|o| usize::try_from(o).ok())
-        .unwrap_or(0);
+    inner.ord = driver::device(api);
     inner.rec = rec;
     inner.ring = [NO_BATCH; RING];
     inner.head = 0;

@@ -9,7 +9,7 @@
 
 use super::alloc::real_or_3;
 use super::real::{self, HipError};
-use super::{alloc, enabled, info, vmm};
+use super::{alloc, amdsmi, enabled, info, vmm};
 use crate::real::Raw;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -33,6 +33,9 @@ crate::gpa::wrap_table! {
     HIP_DEVICE_TOTAL_MEM => info::hipDeviceTotalMem,
     RSMI_DEV_MEMORY_TOTAL_GET => info::rsmi_dev_memory_total_get,
     RSMI_DEV_MEMORY_USAGE_GET => info::rsmi_dev_memory_usage_get,
+    AMDSMI_GET_GPU_MEMORY_TOTAL => amdsmi::amdsmi_get_gpu_memory_total,
+    AMDSMI_GET_GPU_MEMORY_USAGE => amdsmi::amdsmi_get_gpu_memory_usage,
+    AMDSMI_GET_GPU_VRAM_USAGE => amdsmi::amdsmi_get_gpu_vram_usage,
 }
 
 /// # Safety
@@ -48,10 +51,13 @@ pub unsafe extern "C" fn hipGetProcAddress(
     let f = real_or_3!(real::HIP_GET_PROC_ADDRESS);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(symbol, pfn, version, flags, status) };
-    if rc == 0 && !pfn.is_null() && enabled() {
+    if rc == 0 && !pfn.is_null() {
         // SAFETY: the caller's out-pointer, just written by the runtime.
         let p = unsafe { pfn.read_unaligned() } as usize;
-        if let Some(w) = wrapper_by_real(p).filter(|_| p != 0) {
+        // Launch entry points: always ours (one atomic load while nothing is gated).
+        let w = super::launch::wrapper_by_real(p)
+            .or_else(|| enabled().then(|| wrapper_by_real(p)).flatten());
+        if let Some(w) = w.filter(|_| p != 0) {
             // SAFETY: writing the caller's out-pointer.
             unsafe { pfn.write_unaligned(w as *mut c_void) };
         }

@@ -114,13 +114,20 @@ fn smi_view(dv: u32) -> Option<(u64, u64)> {
     if !enabled() {
         return None;
     }
-    let (l, _) = ledger_file::get()?;
     let uid = real::RSMI_DEV_UNIQUE_ID_GET.get().and_then(|f| {
         let mut id = 0u64;
         // SAFETY: rsmi_dev_unique_id_get(uint32_t, uint64_t *) with a valid out-pointer.
         (unsafe { f(dv, &mut id) } == 0).then_some(id)
     });
-    let ord = hip_ordinal(dv).map_or(c_int::MAX, |o| o as c_int);
+    smi_answer(Some(dv), uid)
+}
+
+/// (limit, used) of the physical device with SMI index `dv` (None: unknown, the default
+/// limit applies) and unique id `uid` (None: unknown, used 0); None: not limited. Shared by
+/// ROCm SMI and AMD SMI (crate::hip::amdsmi).
+pub fn smi_answer(dv: Option<u32>, uid: Option<u64>) -> Option<(u64, u64)> {
+    let (l, _) = ledger_file::get()?;
+    let ord = dv.and_then(hip_ordinal).map_or(c_int::MAX, |o| o as c_int);
     let idx = uid.and_then(|id| {
         (0..MAX_DEVICES).find(|&i| {
             l.usage.devices[i].uuid[0].load(std::sync::atomic::Ordering::SeqCst) != 0

@@ -17,11 +17,14 @@
 //! - [`real`]: the real entry points; [`alloc`]: linear, pitched, managed and stream-ordered
 //!   allocations and frees; [`vmm`]: hipMemCreate/Map/Unmap/Release and arrays; [`info`]:
 //!   hipMemGetInfo, hipDeviceTotalMem and the SMI answers; [`gpa`]: hipGetProcAddress and the
-//!   table of wrapped names.
+//!   table of wrapped names; [`launch`]: the launch entry points, gated like CUDA's
+//!   (crate::gate).
 
 pub mod alloc;
+pub mod amdsmi;
 pub mod gpa;
 pub mod info;
+pub mod launch;
 pub mod real;
 pub mod vmm;
 
@@ -43,12 +46,31 @@ thread_local! {
     static INSIDE: Cell<bool> = const { Cell::new(false) };
 }
 
+/// `FGPU_HIP=off`: every HIP and SMI wrapper passes straight through.
+pub fn off() -> bool {
+    static OFF: OnceLock<bool> = OnceLock::new();
+    *OFF.get_or_init(|| {
+        std::env::var("FGPU_HIP").is_ok_and(|v| v.trim().eq_ignore_ascii_case("off"))
+    })
+}
+
 /// Whether HIP calls are accounted: the shim is active and `FGPU_HIP` is not `off`.
 pub fn enabled() -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    !*OFF.get_or_init(|| {
-        std::env::var("FGPU_HIP").is_ok_and(|v| v.trim().eq_ignore_ascii_case("off"))
-    }) && crate::config::active()
+    !off() && crate::config::active()
+}
+
+/// Whether this thread is inside one of our HIP wrappers (a HIP call arriving now is the
+/// runtime's own).
+pub fn inside() -> bool {
+    INSIDE.with(Cell::get)
+}
+
+/// Runs `f` marked as inside our HIP wrappers (see [`guarded`]).
+pub fn nested<R>(f: impl FnOnce() -> R) -> R {
+    let was = INSIDE.with(|i| i.replace(true));
+    let r = f();
+    INSIDE.with(|i| i.set(was));
+    r
 }
 
 /// Runs `accounted` unless this thread is already inside one of our HIP wrappers (then

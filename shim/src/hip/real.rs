@@ -8,10 +8,31 @@ use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 
 pub type HipError = c_int;
 pub type RsmiStatus = c_int;
+pub type AmdsmiStatus = c_uint;
 pub const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
 pub const HIP_ERROR_NOT_INITIALIZED: HipError = 3;
 pub const RSMI_STATUS_INIT_ERROR: RsmiStatus = 8;
 pub const RSMI_MEM_TYPE_VRAM: c_int = 0;
+pub const AMDSMI_STATUS_INIT_ERROR: AmdsmiStatus = 18;
+pub const AMDSMI_MEM_TYPE_VRAM: c_int = 0;
+
+/// `amdsmi_vram_usage_t` (MB).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct VramUsage {
+    pub vram_total: u32,
+    pub vram_used: u32,
+    pub reserved: [u32; 2],
+}
+
+/// `dim3` (passed by value to `hipLaunchKernel` and `hipExtLaunchKernel`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct Dim3 {
+    pub x: c_uint,
+    pub y: c_uint,
+    pub z: c_uint,
+}
 
 /// `hipChannelFormatDesc`: bits per channel x, y, z, w and the kind.
 #[repr(C)]
@@ -60,10 +81,47 @@ hip_syms! {
     // Helpers, never wrapped.
     HIP_GET_DEVICE Hip c"hipGetDevice": fn(*mut c_int) -> HipError;
     HIP_DEVICE_GET_UUID Hip c"hipDeviceGetUuid": fn(*mut [u8; 16], c_int) -> HipError;
+    // Launches (compute shares, crate::hip::launch); `_spt` = per-thread default stream.
+    HIP_LAUNCH_KERNEL Hip c"hipLaunchKernel":
+        fn(*const c_void, Dim3, Dim3, P, usize, Handle) -> HipError;
+    HIP_LAUNCH_KERNEL_SPT Hip c"hipLaunchKernel_spt":
+        fn(*const c_void, Dim3, Dim3, P, usize, Handle) -> HipError;
+    HIP_EXT_LAUNCH_KERNEL Hip c"hipExtLaunchKernel":
+        fn(*const c_void, Dim3, Dim3, P, usize, Handle, Handle, Handle, c_int) -> HipError;
+    HIP_MODULE_LAUNCH_KERNEL Hip c"hipModuleLaunchKernel": fn(Handle, c_uint, c_uint, c_uint,
+        c_uint, c_uint, c_uint, c_uint, Handle, P, P) -> HipError;
+    HIP_GRAPH_LAUNCH Hip c"hipGraphLaunch": fn(Handle, Handle) -> HipError;
+    HIP_GRAPH_LAUNCH_SPT Hip c"hipGraphLaunch_spt": fn(Handle, Handle) -> HipError;
+    // The launch gate's helpers (crate::gate::driver), never wrapped.
+    HIP_SET_DEVICE Hip c"hipSetDevice": fn(c_int) -> HipError;
+    HIP_EVENT_CREATE_WITH_FLAGS Hip c"hipEventCreateWithFlags": fn(*mut Handle, c_uint) -> HipError;
+    HIP_EVENT_DESTROY Hip c"hipEventDestroy": fn(Handle) -> HipError;
+    HIP_EVENT_RECORD Hip c"hipEventRecord": fn(Handle, Handle) -> HipError;
+    HIP_EVENT_QUERY Hip c"hipEventQuery": fn(Handle) -> HipError;
+    HIP_EVENT_SYNCHRONIZE Hip c"hipEventSynchronize": fn(Handle) -> HipError;
+    HIP_EVENT_ELAPSED_TIME Hip c"hipEventElapsedTime": fn(*mut f32, Handle, Handle) -> HipError;
+    HIP_STREAM_IS_CAPTURING Hip c"hipStreamIsCapturing": fn(Handle, *mut c_int) -> HipError;
+    HIP_STREAM_QUERY Hip c"hipStreamQuery": fn(Handle) -> HipError;
+    HIP_THREAD_EXCHANGE_STREAM_CAPTURE_MODE Hip c"hipThreadExchangeStreamCaptureMode":
+        fn(*mut c_int) -> HipError;
 
     RSMI_DEV_MEMORY_TOTAL_GET RocmSmi c"rsmi_dev_memory_total_get":
         fn(u32, c_int, *mut u64) -> RsmiStatus;
     RSMI_DEV_MEMORY_USAGE_GET RocmSmi c"rsmi_dev_memory_usage_get":
         fn(u32, c_int, *mut u64) -> RsmiStatus;
     RSMI_DEV_UNIQUE_ID_GET RocmSmi c"rsmi_dev_unique_id_get": fn(u32, *mut u64) -> RsmiStatus;
+
+    AMDSMI_GET_GPU_MEMORY_TOTAL AmdSmi c"amdsmi_get_gpu_memory_total":
+        fn(Handle, c_int, *mut u64) -> AmdsmiStatus;
+    AMDSMI_GET_GPU_MEMORY_USAGE AmdSmi c"amdsmi_get_gpu_memory_usage":
+        fn(Handle, c_int, *mut u64) -> AmdsmiStatus;
+    AMDSMI_GET_GPU_VRAM_USAGE AmdSmi c"amdsmi_get_gpu_vram_usage":
+        fn(Handle, *mut VramUsage) -> AmdsmiStatus;
+    // Helpers, never wrapped.
+    AMDSMI_GET_GPU_DEVICE_UUID AmdSmi c"amdsmi_get_gpu_device_uuid":
+        fn(Handle, *mut c_uint, *mut c_char) -> AmdsmiStatus;
+    AMDSMI_GET_SOCKET_HANDLES AmdSmi c"amdsmi_get_socket_handles":
+        fn(*mut u32, *mut Handle) -> AmdsmiStatus;
+    AMDSMI_GET_PROCESSOR_HANDLES AmdSmi c"amdsmi_get_processor_handles":
+        fn(Handle, *mut u32, *mut Handle) -> AmdsmiStatus;
 }

@@ -3,7 +3,9 @@
 //! `dlsym` of `hipGetProcAddress` only and every other entry point through it.
 //!
 //! Options: `--lib PATH` (default libamdhip64.so), `--smi-lib PATH` (default
-//! librocm_smi64.so), `--gpa`, `--strict` (exit 1 if any step fails).
+//! librocm_smi64.so), `--amdsmi-lib PATH` (default libamd_smi.so), `--gpa`, `--strict` (exit 1 if any step fails), `--spt` (launch with
+//! `hipLaunchKernel_spt` / `hipGraphLaunch_spt`), `--per-thread` (kernels into
+//! `hipStreamPerThread` instead of the null stream).
 //!
 //! Commands (one output line each, flushed):
 //!   alloc-api {malloc|ext|managed|pitch|async|pool|vmm|array} SIZE
@@ -13,9 +15,16 @@
 //!   total             hipDeviceTotalMem(current) → `total bytes=B`
 //!   count | device N | uuid
 //!   smi               rsmi → `smi device=D total=T used=U` per device
+//!   amdsmi            AMD SMI → `amdsmi device=D uuid=U total=T used=U vram_total_mb=M
+//!                     vram_used_mb=M` per processor (sockets, then their processors)
 //!   launch N KERNEL   N hipLaunchKernel of a registered kernel (duration from its name)
+//!   launch-for MS KERNEL  10 launches + hipDeviceSynchronize, repeated for MS ms
+//!   graph-for MS N KERNEL a graph of N launches replayed for MS ms (prints replays)
+//!   bench-launch N KERNEL N launches + sync → `ns_per_launch=`
 //!   ext-launch KERNEL hipExtLaunchKernel with start/stop events → `ext-launch rc= ms=`
 //!   module-launch N KERNEL | graph N KERNEL REPLAYS | sync | sleep MS | hold
+//!   event-stats       the simulator's counts of events created / recorded (sim only)
+//! Timed commands print `elapsed_ms=`.
 //! SIZE accepts 16GiB, 512MiB, 8GB or plain bytes.
 
 #[path = "../../size.rs"]
@@ -123,10 +132,13 @@ fn out(line: String) {
 struct Run {
     hip: Hip,
     smi: Option<Ptr>,
+    amdsmi: Option<Ptr>,
     allocs: Vec<Alloc>,
     kernels: Vec<(String, Box<u8>)>,
     modules: Ptr,
     failed: bool,
+    spt: bool,
+    default_stream: Ptr,
 }
 
 impl Run {
@@ -382,11 +394,29 @@ impl Run {
                 rc
             }
             "smi" => self.smi(),
+            "amdsmi" => self.amdsmi(),
             "launch" => {
                 let n = num(next());
                 let k = next();
                 self.launch(n, &k)
             }
+            "launch-for" => {
+                let ms = num(next());
+                let k = next();
+                self.launch_for(ms, &k)
+            }
+            "graph-for" => {
+                let ms = num(next());
+                let n = num(next());
+                let k = next();
+                self.graph_for(ms, n, &k)
+            }
+            "bench-launch" => {
+                let n = num(next());
+                let k = next();
+                self.bench_launch(n, &k)
+            }
+            "event-stats" => self.event_stats(),
             "ext-launch" => {
                 let k = next();
                 self.ext_launch(&k)
@@ -405,7 +435,11 @@ impl Run {
             "sync" => {
                 let t = std::time::Instant::now();
                 let rc = call!(h, "hipDeviceSynchronize", fn());
-                out(format!("sync rc={rc} ms={}", t.elapsed().as_millis()));
+                out(format!(
+                    "sync rc={rc} ms={} elapsed_ms={:.1}",
+                    t.elapsed().as_millis(),
+                    t.elapsed().as_secs_f64() * 1e3
+                ));
                 rc
             }
             "sleep" => {
@@ -434,14 +468,19 @@ fn main() {
         false,
         false,
     );
+    let (mut spt, mut per_thread) = (false, false);
+    let mut amdsmi_lib = "libamd_smi.so".to_string();
     let mut rest = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--lib" => lib = it.next().cloned().unwrap_or_default(),
             "--smi-lib" => smi_lib = it.next().cloned().unwrap_or_default(),
+            "--amdsmi-lib" => amdsmi_lib = it.next().cloned().unwrap_or_default(),
             "--gpa" => gpa = true,
             "--strict" => strict = true,
+            "--spt" => spt = true,
+            "--per-thread" => per_thread = true,
             "--help" | "-h" => {
                 println!(
                     "{}",
@@ -479,10 +518,18 @@ fn main() {
     let mut run = Run {
         hip,
         smi: open(&smi_lib).ok(),
+        amdsmi: open(&amdsmi_lib).ok(),
         allocs: Vec::new(),
         kernels: Vec::new(),
         modules: std::ptr::null_mut(),
         failed: rc != 0,
+        spt,
+        // hipStreamPerThread.
+        default_stream: if per_thread {
+            2 as Ptr
+        } else {
+            std::ptr::null_mut()
+        },
     };
     let mut it = rest.iter();
     while let Some(cmd) = it.next() {

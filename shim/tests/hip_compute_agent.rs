@@ -1,0 +1,254 @@
+//! Compute shares for HIP under the agent: `fgpu limit set CGROUP --compute PCT` reaches HIP
+//! processes (the simulated `libamdhip64.so`) through the same turns as CUDA's, and HIP and
+//! CUDA tenants take turns on one simulated device (they share its timeline). Every tenant
+//! is a cgroup with a process in a PID namespace of its own, saturating the device with 1 ms
+//! kernels (10 at a time, then a synchronisation); a tenant's share is the GPU time its
+//! kernels took over its wall time — exact, the simulator runs one kernel at a time. No AMD
+//! GPU is involved (docs/amd.md).
+//!
+//! `privileged_*` tests run the real agent (`fgpu agent --sim`) and need root.
+//! Figures are printed (`cargo test --test hip_compute_agent -- --nocapture`).
+
+mod common;
+
+use common::agent::*;
+use common::{field, target_dir};
+use std::path::{Path, PathBuf};
+
+/// An agent world whose simulator directory also has the HIP runtime (a copy of the
+/// simulator) and fgpu-sim-hip.
+fn hip_world(name: &str) -> (AgentWorld, PathBuf) {
+    let w = AgentWorld::new(name);
+    let sim = target_dir().join("libfgpu_sim.so");
+    for n in ["libamdhip64.so", "librocm_smi64.so"] {
+        std::fs::copy(&sim, w.sim_dir.join(n)).unwrap();
+    }
+    let bin = target_dir().join("fgpu-sim-hip");
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo build -p fgpu-sim",
+        bin.display()
+    );
+    (w, bin)
+}
+
+/// `elapsed_ms=` of a line.
+fn elapsed_ms(line: &str) -> f64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix("elapsed_ms="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no elapsed_ms in '{line}'"))
+}
+
+/// GPU time share (percent) of a `launch-for` (1 ms kernels) or `graph-for` (graphs of 10 ×
+/// 1 ms) result line.
+fn share(line: &str) -> f64 {
+    let gpu_ms = if line.starts_with("graph-for") {
+        field(line, "replays") as f64 * 10.0
+    } else {
+        field(line, "n") as f64
+    };
+    100.0 * gpu_ms / elapsed_ms(line)
+}
+
+/// One tenant: a cgroup with a compute setting and one process (`program`: fgpu-sim-hip or
+/// fgpu-sim-load) that waits for the start signal, then runs `work`.
+struct Tenant {
+    name: String,
+    cg: Cgroup,
+    proc: Option<Proc>,
+}
+
+fn tenant(w: &AgentWorld, program: &Path, name: &str, options: &[&str], work: &[&str]) -> Tenant {
+    let cg = Cgroup::new(&unique(&format!("fgpu-hipcmp-{name}")));
+    if !options.is_empty() {
+        w.set_limits(&cg, options);
+    }
+    let mut args = vec!["hold"];
+    args.extend(work);
+    let mut proc = Proc::start(w.command(&cg, &[("FGPU_LOG", "info")], program, &args));
+    proc.expect("ready");
+    Tenant {
+        name: name.to_string(),
+        cg,
+        proc: Some(proc),
+    }
+}
+
+/// Starts all tenants at once; returns each one's result lines (`launch-for ok` or
+/// `graph-for ok`) in order, and `fgpu status --json` taken `status_after_ms` in.
+fn run_together(
+    w: &AgentWorld,
+    agent: &Agent,
+    tenants: &mut [Tenant],
+    status_after_ms: u64,
+) -> (Vec<Vec<String>>, String) {
+    for t in tenants.iter_mut() {
+        t.proc.as_mut().unwrap().release();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(status_after_ms));
+    let (_, status) = w.fgpu(&["status", "--json"]);
+    let mut out = Vec::new();
+    for t in tenants.iter_mut() {
+        let f = t.proc.take().unwrap().finish();
+        let ctx = format!(
+            "tenant {} ({}):\n{:#?}\n{}\nagent log:\n{}",
+            t.name,
+            t.cg.path,
+            f.lines,
+            f.stderr,
+            agent.log_text()
+        );
+        for l in f.stderr.lines().filter(|l| l.contains("compute gate")) {
+            println!("  {}: {l}", t.name);
+        }
+        assert_eq!(f.code, Some(0), "{ctx}");
+        assert!(
+            !f.stderr.contains("capping at"),
+            "the agent's controller was there all along: {ctx}"
+        );
+        let results: Vec<String> = f
+            .lines
+            .iter()
+            .filter(|l| l.starts_with("launch-for ok") || l.starts_with("graph-for ok"))
+            .cloned()
+            .collect();
+        assert!(!results.is_empty(), "{ctx}");
+        out.push(results);
+    }
+    (out, status)
+}
+
+/// The compute figures of `cgroup` in `fgpu status --json`: (share, used %).
+fn status_compute(status: &str, cgroup: &str) -> (Option<u64>, Option<f64>) {
+    let v: serde_json::Value = serde_json::from_str(status).expect("status JSON");
+    let row = v
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["cgroup"] == cgroup))
+        .unwrap_or_else(|| panic!("no row for {cgroup} in {status}"));
+    (
+        row["compute_share_pct"].as_u64(),
+        row["compute_used_pct"].as_f64(),
+    )
+}
+
+/// Two HIP tenants at 30 / 70 for 10 s, one replaying graphs (`hipGraphLaunch`), one
+/// launching kernels (`hipLaunchKernel`): each within ±3 points of its share, the device kept
+/// busy; `fgpu status` shows the HIP tenant's configured and achieved share.
+#[test]
+fn privileged_two_hip_tenants_at_30_70_get_their_shares() {
+    if !privileged() {
+        return;
+    }
+    let (w, hip) = hip_world("hipcmp3070");
+    let agent = w.agent();
+    let mut ts = vec![
+        tenant(
+            &w,
+            &hip,
+            "g30",
+            &["--compute", "30"],
+            &["graph-for", "10000", "10", "sleep_1000us"],
+        ),
+        tenant(
+            &w,
+            &hip,
+            "k70",
+            &["--compute", "70"],
+            &["launch-for", "10000", "sleep_1000us"],
+        ),
+    ];
+    let (results, status) = run_together(&w, &agent, &mut ts, 6000);
+    let shares: Vec<f64> = results.iter().map(|r| share(&r[0])).collect();
+    println!(
+        "HIP 30/70 over 10 s: graphs {:.1}%, kernels {:.1}%, device busy {:.1}%",
+        shares[0],
+        shares[1],
+        shares[0] + shares[1]
+    );
+    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
+    assert!((shares[0] - 30.0).abs() <= 3.0, "{ctx}");
+    assert!((shares[1] - 70.0).abs() <= 3.0, "{ctx}");
+    assert!(shares[0] + shares[1] >= 95.0, "work-conserving: {ctx}");
+    let (cfg, used) = status_compute(&status, &ts[0].cg.path);
+    println!(
+        "fgpu status during the run: {} share {cfg:?}% used {used:?}%",
+        ts[0].cg.path
+    );
+    assert_eq!(cfg, Some(30), "{status}");
+    let used = used.unwrap_or_else(|| panic!("no achieved share in {status}"));
+    assert!((used - 30.0).abs() <= 5.0, "{status}");
+}
+
+/// A HIP tenant and a CUDA tenant at 50 / 50 on the same simulated device for 10 s: the
+/// controller hands turns to both (their devices are one ledger record, bound by the same
+/// UUID), each within ±3 points.
+#[test]
+fn privileged_a_hip_and_a_cuda_tenant_at_50_50_share_one_device() {
+    if !privileged() {
+        return;
+    }
+    let (w, hip) = hip_world("hipcmp5050");
+    let agent = w.agent();
+    let work = ["launch-for", "10000", "sleep_1000us"];
+    let load = w.load.clone();
+    let mut ts = vec![
+        tenant(&w, &hip, "hip50", &["--compute", "50"], &work),
+        tenant(&w, &load, "cuda50", &["--compute", "50"], &work),
+    ];
+    let (results, _) = run_together(&w, &agent, &mut ts, 100);
+    let shares: Vec<f64> = results.iter().map(|r| share(&r[0])).collect();
+    println!(
+        "HIP / CUDA 50/50 over 10 s: HIP {:.1}%, CUDA {:.1}%, device busy {:.1}%",
+        shares[0],
+        shares[1],
+        shares[0] + shares[1]
+    );
+    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
+    assert!((shares[0] - 50.0).abs() <= 3.0, "{ctx}");
+    assert!((shares[1] - 50.0).abs() <= 3.0, "{ctx}");
+}
+
+/// A cap set on a running HIP process whose launches took the ungated fast path reaches it
+/// within a fraction of a second: the whole device before, about 30 % after.
+#[test]
+fn privileged_a_cap_set_later_reaches_an_ungated_running_hip_process() {
+    if !privileged() {
+        return;
+    }
+    let (w, hip) = hip_world("hipcmplate");
+    let agent = w.agent();
+    let mut ts = vec![tenant(
+        &w,
+        &hip,
+        "late",
+        &[],
+        &[
+            "launch-for",
+            "1000",
+            "sleep_1000us",
+            "launch-for",
+            "3000",
+            "sleep_1000us",
+        ],
+    )];
+    let cg = ts[0].cg.path.clone();
+    let (fgpu, socket) = w.fgpu_and_socket();
+    let setter = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(1200));
+        std::process::Command::new(fgpu)
+            .args(["limit", "set", &cg, "--compute-cap", "30", "--socket"])
+            .arg(socket)
+            .status()
+            .expect("fgpu limit set")
+            .success()
+    });
+    let (results, _) = run_together(&w, &agent, &mut ts, 100);
+    assert!(setter.join().unwrap(), "fgpu limit set failed");
+    let (before, after) = (share(&results[0][0]), share(&results[0][1]));
+    println!("HIP: no limit, then a 30% cap set while running: {before:.1}% then {after:.1}%");
+    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
+    assert!(before >= 70.0, "{ctx}");
+    // 0.2 s at 100 %, then 2.8 s at 30 %: about 35 %.
+    assert!((28.0..=42.0).contains(&after), "{ctx}");
+}
