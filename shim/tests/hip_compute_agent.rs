@@ -12,7 +12,8 @@
 mod common;
 
 use common::agent::*;
-use common::{field, target_dir};
+use common::target_dir;
+use common::tenants::*;
 use std::path::{Path, PathBuf};
 
 /// An agent world whose simulator directory also has the HIP runtime (a copy of the
@@ -33,103 +34,8 @@ fn hip_world(name: &str) -> (AgentWorld, PathBuf) {
 }
 
 /// `elapsed_ms=` of a line.
-fn elapsed_ms(line: &str) -> f64 {
-    line.split_whitespace()
-        .find_map(|w| w.strip_prefix("elapsed_ms="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no elapsed_ms in '{line}'"))
-}
-
-/// GPU time share (percent) of a `launch-for` (1 ms kernels) or `graph-for` (graphs of 10 ×
-/// 1 ms) result line.
-fn share(line: &str) -> f64 {
-    let gpu_ms = if line.starts_with("graph-for") {
-        field(line, "replays") as f64 * 10.0
-    } else {
-        field(line, "n") as f64
-    };
-    100.0 * gpu_ms / elapsed_ms(line)
-}
-
-/// One tenant: a cgroup with a compute setting and one process (`program`: fgpu-sim-hip or
-/// fgpu-sim-load) that waits for the start signal, then runs `work`.
-struct Tenant {
-    name: String,
-    cg: Cgroup,
-    proc: Option<Proc>,
-}
-
 fn tenant(w: &AgentWorld, program: &Path, name: &str, options: &[&str], work: &[&str]) -> Tenant {
-    let cg = Cgroup::new(&unique(&format!("fgpu-hipcmp-{name}")));
-    if !options.is_empty() {
-        w.set_limits(&cg, options);
-    }
-    let mut args = vec!["hold"];
-    args.extend(work);
-    let mut proc = Proc::start(w.command(&cg, &[("FGPU_LOG", "info")], program, &args));
-    proc.expect("ready");
-    Tenant {
-        name: name.to_string(),
-        cg,
-        proc: Some(proc),
-    }
-}
-
-/// Starts all tenants at once; returns each one's result lines (`launch-for ok` or
-/// `graph-for ok`) in order, and `fgpu status --json` taken `status_after_ms` in.
-fn run_together(
-    w: &AgentWorld,
-    agent: &Agent,
-    tenants: &mut [Tenant],
-    status_after_ms: u64,
-) -> (Vec<Vec<String>>, String) {
-    for t in tenants.iter_mut() {
-        t.proc.as_mut().unwrap().release();
-    }
-    std::thread::sleep(std::time::Duration::from_millis(status_after_ms));
-    let (_, status) = w.fgpu(&["status", "--json"]);
-    let mut out = Vec::new();
-    for t in tenants.iter_mut() {
-        let f = t.proc.take().unwrap().finish();
-        let ctx = format!(
-            "tenant {} ({}):\n{:#?}\n{}\nagent log:\n{}",
-            t.name,
-            t.cg.path,
-            f.lines,
-            f.stderr,
-            agent.log_text()
-        );
-        for l in f.stderr.lines().filter(|l| l.contains("compute gate")) {
-            println!("  {}: {l}", t.name);
-        }
-        assert_eq!(f.code, Some(0), "{ctx}");
-        assert!(
-            !f.stderr.contains("capping at"),
-            "the agent's controller was there all along: {ctx}"
-        );
-        let results: Vec<String> = f
-            .lines
-            .iter()
-            .filter(|l| l.starts_with("launch-for ok") || l.starts_with("graph-for ok"))
-            .cloned()
-            .collect();
-        assert!(!results.is_empty(), "{ctx}");
-        out.push(results);
-    }
-    (out, status)
-}
-
-/// The compute figures of `cgroup` in `fgpu status --json`: (share, used %).
-fn status_compute(status: &str, cgroup: &str) -> (Option<u64>, Option<f64>) {
-    let v: serde_json::Value = serde_json::from_str(status).expect("status JSON");
-    let row = v
-        .as_array()
-        .and_then(|a| a.iter().find(|r| r["cgroup"] == cgroup))
-        .unwrap_or_else(|| panic!("no row for {cgroup} in {status}"));
-    (
-        row["compute_share_pct"].as_u64(),
-        row["compute_used_pct"].as_f64(),
-    )
+    tenant_of(w, program, "hipcmp", name, options, work)
 }
 
 /// Two HIP tenants at 30 / 70 for 10 s, one replaying graphs (`hipGraphLaunch`), one

@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod client;
+pub mod tenants;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
