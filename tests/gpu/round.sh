@@ -4,7 +4,8 @@
 #   OUT=/some/dir bash bundle/tests/gpu/round.sh k8s_prepare shim_limits compute_real ...
 # A script's output goes to $OUT/NAME.txt, its details ($OUT for it) into $OUT/details.tgz.
 # Timeouts: TIMEOUT_NAME=SECONDS (default 300). Other variables (ONLY, VARIANTS, SECS, ...)
-# pass through to the scripts. Each script's last 30 lines are printed at the end.
+# pass through to the scripts; SHIM_LIMITS_ONLY="torch default;two processes" picks
+# shim_limits.sh's steps. Each script's last 30 lines are printed at the end.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 B=$(cd "$HERE/../.." && pwd)
@@ -19,7 +20,12 @@ for name in "$@"; do
   mkdir -p "$OUT/details/$name"
   t0=$(date +%s)
   args=()
-  [ "$name" = shim_limits ] && args=("$B")
+  # shim_limits takes the bundle and `--only STEP`s: SHIM_LIMITS_ONLY="torch default;jax"
+  if [ "$name" = shim_limits ]; then
+    args=("$B")
+    IFS=';' read -ra only <<< "${SHIM_LIMITS_ONLY:-}"
+    for o in "${only[@]}"; do args+=(--only "$o"); done
+  fi
   OUT=$OUT/details/$name timeout -k 10 "$limit" bash "$script" "${args[@]}" > "$OUT/$name.txt" 2>&1
   rc[$name]=$?
   took[$name]=$(( $(date +%s) - t0 ))
