@@ -203,6 +203,18 @@ fn privileged_per_gpu_memory_limits_stop_at_each_gpus_own_limit() {
     );
     load.finish();
 
+    // The agent's denial line names the per-GPU limit.
+    let want = format!("refused at the - (1GiB on {UUID1}) limit");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !agent.log_text().contains(&want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no '{want}' in the agent log:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
     // 2. Different values on GPU 0 (by index) and GPU 1 (by full UUID), set one at a time:
     //    setting GPU 1 keeps GPU 0's value.
     let two = Cgroup::new(&unique("fgpu-e2e-pergpu-two"));
