@@ -398,6 +398,16 @@ fn privileged_per_gpu_memory_limits_stop_at_each_gpus_own_limit() {
         "the kernel lets it through: {:?}",
         over.lines
     );
+    // Only the holder under its limit is left (bounded wait: a bypasser not killed fails
+    // here rather than holding forever).
+    let three =
+        |r: Option<&serde_json::Value>| r.is_some_and(|r| r["memory_used_bytes"] == 3 * GIB);
+    agent.wait_for(
+        &kill,
+        "the bypasser over its GPU 1 limit killed and its memory released",
+        Duration::from_secs(10),
+        three,
+    );
     let exit = over.expect_line("exit=");
     assert_eq!(
         exit,
@@ -409,14 +419,6 @@ fn privileged_per_gpu_memory_limits_stop_at_each_gpus_own_limit() {
     assert!(
         log.contains("killed the largest holder on GPU 1"),
         "agent log:\n{log}"
-    );
-    let three =
-        |r: Option<&serde_json::Value>| r.is_some_and(|r| r["memory_used_bytes"] == 3 * GIB);
-    agent.wait_for(
-        &kill,
-        "the killed bypasser's memory released",
-        Duration::from_secs(5),
-        three,
     );
     std::thread::sleep(Duration::from_secs(3));
     assert!(
