@@ -1,12 +1,20 @@
 //! The JSON bodies of the control-socket requests and replies, shared by the agent and the
 //! CLI (framing is `fgpu_common::proto`). Field names are a contract: add, never rename.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// A cgroup's limit. `None` fields are not set (and inherit from an ancestor).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limit {
+    /// GPU memory, on every GPU the cgroup uses (each GPU separately).
     pub memory_bytes: Option<u64>,
+    /// GPU memory on one GPU, by NVML UUID (`GPU-...`): on that GPU it replaces
+    /// `memory_bytes` of the same cgroup (`fgpu limit set --gpu`). An effective limit holds,
+    /// for every GPU named anywhere on the way up, the lowest value that applies there.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub memory_gpus: BTreeMap<String, u64>,
     /// Guaranteed compute share, percent.
     pub compute_pct: Option<u8>,
     /// Hard compute ceiling, percent.
@@ -14,7 +22,7 @@ pub struct Limit {
 }
 
 /// `fgpu limit set`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct LimitSetRequest {
     /// A TARGET as the user wrote it (cgroup path or `pid:PID`); the agent resolves it.
     pub target: String,
@@ -23,6 +31,28 @@ pub struct LimitSetRequest {
     /// as the container is created): no stale limit outlives its container.
     #[serde(default)]
     pub until_cgroup_removed: bool,
+    /// Per-GPU memory limits as the user wrote the GPUs (`--gpu`: an NVML index, a UUID or a
+    /// unique UUID prefix), resolved by the agent against its GPUs. `limit.memory_bytes` is
+    /// unset then, so that an agent that predates per-GPU limits refuses the request
+    /// ("nothing to set") instead of applying the value to every GPU.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub memory_gpus: BTreeMap<String, u64>,
+    /// GPUs (as the user wrote them) whose own per-GPU memory value is removed (`fgpu limit
+    /// rm TARGET --gpu X`): they fall back to the cgroup's plain limit, if any.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clear_gpus: Vec<String>,
+}
+
+impl Limit {
+    /// The memory limit on the GPU of NVML UUID `uuid`: its own value, else `memory_bytes`.
+    pub fn memory_on(&self, uuid: &str) -> Option<u64> {
+        self.memory_gpus.get(uuid).copied().or(self.memory_bytes)
+    }
+
+    /// Whether any memory limit is set (on every GPU or on some).
+    pub fn has_memory(&self) -> bool {
+        self.memory_bytes.is_some() || !self.memory_gpus.is_empty()
+    }
 }
 
 /// `fgpu limit get` / `fgpu limit rm`.

@@ -1,6 +1,8 @@
 //! The status report: what `fgpu status --json` prints, one element per cgroup that uses a
 //! GPU. Field names are a contract (DESIGN.md section 2); add fields, never rename them.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -16,6 +18,12 @@ pub struct CgroupStatus {
     /// The memory limit that applies to the cgroup (the lowest of its own and its
     /// ancestors'); `null` when none does.
     pub memory_limit_bytes: Option<u64>,
+    /// Per-GPU memory limits that apply to the cgroup, by GPU UUID (`fgpu limit set --gpu`;
+    /// the lowest of its own and its ancestors' on each GPU): on a GPU listed here this
+    /// value applies instead of `memory_limit_bytes`. Each device's figure is also in
+    /// `devices[].limit_bytes`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub memory_limit_gpus: BTreeMap<String, u64>,
     /// The cgroup whose limit `memory_limit_bytes` is (itself or an ancestor).
     #[serde(default)]
     pub memory_limit_from: Option<String>,
@@ -86,6 +94,7 @@ impl CgroupStatus {
             pids: Vec::new(),
             memory_used_bytes: 0,
             memory_limit_bytes: None,
+            memory_limit_gpus: BTreeMap::new(),
             memory_limit_from: None,
             memory_subtree_bytes: 0,
             ledger: None,
@@ -108,8 +117,16 @@ impl CgroupStatus {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceUsage {
+    /// The GPU: its NVML index where the agent can tell (on a node of several GPUs the
+    /// kernel's figures are placed on physical GPUs), else the kernel's device key.
     pub device: u32,
+    /// The GPU's NVML UUID, where `device` is an NVML index the agent knows.
+    #[serde(default)]
+    pub uuid: Option<String>,
     pub memory_used_bytes: u64,
+    /// The memory limit that applies to the cgroup on this GPU (`null`: none).
+    #[serde(default)]
+    pub limit_bytes: Option<u64>,
     /// Successful allocations charged since the agent started.
     pub allocs: u64,
     /// Frees and process-exit releases credited since the agent started.

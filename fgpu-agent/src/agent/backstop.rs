@@ -106,12 +106,18 @@ impl Backstop {
             .expect("cgroup names lock")
             .path_of(e.cgroup_id)
             .unwrap_or_else(|| format!("cgroup {}", e.cgroup_id));
+        // A plain limit as it was set; with per-GPU values, the kernel's threshold (their
+        // sum over the node's GPUs, see super::enforce).
         let limit = state
             .limits
             .lock()
             .expect("limits lock")
             .own(&cgroup)
-            .and_then(|l| l.memory_bytes);
+            .and_then(|l| {
+                l.memory_bytes
+                    .filter(|_| l.memory_gpus.is_empty())
+                    .or_else(|| super::enforce::threshold(&state.gpus.devices, l))
+            });
         let what = match e.result {
             action::KILLED => "killed by the kernel".to_string(),
             action::REPORTED => "reported (--on-exceed deny)".to_string(),

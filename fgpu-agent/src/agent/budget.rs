@@ -52,7 +52,7 @@ pub fn ledger_for(store: &LimitStore, cgroup: &str) -> String {
         let Some(own) = store.own(path) else {
             continue;
         };
-        if own.memory_bytes.is_some() {
+        if own.has_memory() {
             return if compute_override {
                 cgroup.to_string()
             } else {
@@ -187,7 +187,17 @@ impl LedgerView {
 pub struct Limited {
     pub cgroup: String,
     pub cgroup_id: u64,
-    pub bytes: u64,
+    /// Its plain limit, on every GPU.
+    pub bytes: Option<u64>,
+    /// Its per-GPU limits, by GPU index: on those GPUs instead of `bytes`.
+    pub gpus: HashMap<u32, u64>,
+}
+
+impl Limited {
+    /// The cgroup's own limit on GPU `d`, if it has one there.
+    fn on(&self, d: u32) -> Option<u64> {
+        self.gpus.get(&d).copied().or(self.bytes)
+    }
 }
 
 /// What to write into one ledger, by GPU index.
@@ -261,15 +271,17 @@ pub fn plan(
             let mut limit = HashMap::new();
             for p in limited.iter().filter(|p| is_under(&l.cgroup, &p.cgroup)) {
                 for &d in devices {
+                    let Some(bytes) = p.on(d) else {
+                        continue;
+                    };
                     let others: u64 = (0..ledgers.len())
                         .filter(|&x| x != i && is_under(&ledgers[x].cgroup, &p.cgroup))
                         .map(|x| used(x, d))
                         .sum();
                     let kernel_rest = kernel(p.cgroup_id, d).saturating_sub(of(&share, i, d));
                     let bypass = l.bypass_at(d).min(of(&share, i, d));
-                    let budget = p
-                        .bytes
-                        .saturating_sub(others.max(kernel_rest).saturating_add(bypass));
+                    let budget =
+                        bytes.saturating_sub(others.max(kernel_rest).saturating_add(bypass));
                     let e = limit.entry(d).or_insert(budget);
                     *e = (*e).min(budget);
                 }
@@ -369,13 +381,19 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
         let store = state.limits.lock().expect("limits lock");
         let limited = store
             .all()
+            .filter(|(_, l)| l.has_memory())
             .filter_map(|(path, l)| {
-                let bytes = l.memory_bytes?;
                 let id = super::enforce::cgroup_id(&state.cgroup2_mount, path)?;
                 Some(Limited {
                     cgroup: path.clone(),
                     cgroup_id: id,
-                    bytes,
+                    bytes: l.memory_bytes,
+                    gpus: state
+                        .gpus
+                        .devices
+                        .iter()
+                        .filter_map(|g| Some((g.index, *l.memory_gpus.get(&g.uuid)?)))
+                        .collect(),
                 })
             })
             .collect();
@@ -477,12 +495,14 @@ mod tests {
             Limited {
                 cgroup: "/pod".into(),
                 cgroup_id: 1,
-                bytes: 8 * GIB,
+                bytes: Some(8 * GIB),
+                gpus: HashMap::new(),
             },
             Limited {
                 cgroup: "/pod/small".into(),
                 cgroup_id: 2,
-                bytes: 2 * GIB,
+                bytes: Some(2 * GIB),
+                gpus: HashMap::new(),
             },
         ];
         let tree = HashMap::from([((1, 0), 5 * GIB), ((2, 0), GIB), ((3, 0), GIB)]);
@@ -510,7 +530,8 @@ mod tests {
         let limited = [Limited {
             cgroup: "/pod".into(),
             cgroup_id: 1,
-            bytes: 8 * GIB,
+            bytes: Some(8 * GIB),
+            gpus: HashMap::new(),
         }];
         let tree = HashMap::from([((1, 0), 5 * GIB)]);
         let plans = plan(&ledgers, &limited, &tree, &[0]);
@@ -532,5 +553,46 @@ mod tests {
         let plans = plan(&mixed, &limited, &tree, &[0]);
         assert_eq!(plans[0].kernel_share[&0], 2 * GIB);
         assert_eq!(plans[0].limit[&0], 5 * GIB);
+    }
+
+    #[test]
+    fn per_gpu_limits_budget_each_gpu_and_leave_the_others_alone() {
+        // /pod: 1 GiB on GPU 1 only; its shims use 256 MiB on GPU 0 and 512 MiB on GPU 1.
+        let ledgers = [LedgerView {
+            used: HashMap::from([(0, GIB / 4), (1, GIB / 2)]),
+            ..view("/pod", 1, 0)
+        }];
+        let limited = [Limited {
+            cgroup: "/pod".into(),
+            cgroup_id: 1,
+            bytes: None,
+            gpus: HashMap::from([(1, GIB)]),
+        }];
+        let tree = HashMap::from([((1, 0), GIB / 4), ((1, 1), GIB / 2)]);
+        let plans = plan(&ledgers, &limited, &tree, &[0, 1]);
+        assert_eq!(
+            plans[0].limit,
+            HashMap::from([(1, GIB)]),
+            "no limit on GPU 0"
+        );
+        // A parent's plain 2 GiB and a child's 4 GiB on GPU 0: the child gets 2 GiB there.
+        let nested = [view("/p", 1, 0), view("/p/c", 2, 0)];
+        let limited = [
+            Limited {
+                cgroup: "/p".into(),
+                cgroup_id: 1,
+                bytes: Some(2 * GIB),
+                gpus: HashMap::new(),
+            },
+            Limited {
+                cgroup: "/p/c".into(),
+                cgroup_id: 2,
+                bytes: None,
+                gpus: HashMap::from([(0, 4 * GIB), (1, GIB)]),
+            },
+        ];
+        let plans = plan(&nested, &limited, &HashMap::new(), &[0, 1]);
+        assert_eq!(plans[1].limit, HashMap::from([(0, 2 * GIB), (1, GIB)]));
+        assert_eq!(plans[0].limit, HashMap::from([(0, 2 * GIB), (1, 2 * GIB)]));
     }
 }

@@ -127,6 +127,7 @@ pub fn own_status(state: &State, cgroup: &str) -> StatusReport {
             let store = state.limits.lock().expect("limits lock");
             let effective = store.effective(cgroup).0;
             row.memory_limit_bytes = effective.memory_bytes;
+            row.memory_limit_gpus = effective.memory_gpus.clone();
             row.compute_share_pct = effective.compute_pct;
             row.compute_cap_pct = effective.compute_cap_pct;
             row
@@ -157,28 +158,64 @@ fn entry(state: &State, cgroup: &str) -> LimitEntry {
 }
 
 fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Frame> {
-    validate(state, &req.limit)?;
+    // Every GPU the request names is resolved, and every value checked, before anything
+    // changes: a bad `--gpu` leaves the limits as they were.
+    let mut limit = req.limit.clone();
+    let given = std::mem::take(&mut limit.memory_gpus);
+    for (gpu, bytes) in given.iter().chain(&req.memory_gpus) {
+        let uuid = super::gpusel::resolve(&state.gpus.devices, gpu)?;
+        limit.memory_gpus.insert(uuid, *bytes);
+    }
+    let clear = super::gpusel::resolve_all(&state.gpus.devices, &req.clear_gpus)?;
+    if let Some(uuid) = clear.iter().find(|u| limit.memory_gpus.contains_key(*u)) {
+        bail!(
+            "{} is both set and removed in one request",
+            super::gpusel::describe(&state.gpus.devices, uuid)
+        );
+    }
+    if clear.is_empty() || limit != Limit::default() {
+        validate(state, &limit)?;
+    }
     let cgroup = targets::resolve(&req.target, &state.cgroup2_mount)?;
+    if !clear.is_empty() {
+        let store = state.limits.lock().expect("limits lock");
+        let own = store.own(&cgroup).map(|l| &l.memory_gpus);
+        if let Some(missing) = clear
+            .iter()
+            .find(|u| own.is_none_or(|m| !m.contains_key(*u)))
+        {
+            bail!(
+                "{cgroup} has no memory limit of its own on {} (see `fgpu limit get {cgroup}`)",
+                super::gpusel::describe(&state.gpus.devices, missing)
+            );
+        }
+    }
     if req.until_cgroup_removed {
         let id = super::enforce::cgroup_id(&state.cgroup2_mount, &cgroup)
             .with_context(|| format!("cgroup {cgroup} is gone"))?;
         state.bound.lock().expect("bound lock").bind(&cgroup, id)?;
     }
-    state
-        .limits
-        .lock()
-        .expect("limits lock")
-        .set(&cgroup, &req.limit)?;
+    {
+        let mut store = state.limits.lock().expect("limits lock");
+        if limit != Limit::default() {
+            store.set(&cgroup, &limit)?;
+        }
+        if !clear.is_empty() {
+            store.clear_gpus(&cgroup, &clear)?;
+        }
+    }
     state.backstop.limits_changed();
     state.apply_limits();
     tracing::info!(
         event = "limit_set",
         cgroup,
-        limit = ?req.limit,
+        limit = ?limit,
         until_cgroup_removed = req.until_cgroup_removed,
-        memory_bytes = req.limit.memory_bytes,
-        compute_pct = req.limit.compute_pct,
-        compute_cap_pct = req.limit.compute_cap_pct,
+        memory_bytes = limit.memory_bytes,
+        memory_gpus = ?limit.memory_gpus,
+        cleared_gpus = ?clear,
+        compute_pct = limit.compute_pct,
+        compute_cap_pct = limit.compute_cap_pct,
         door = caller.door.name(),
         uid = caller.peer.uid,
         pid = caller.peer.pid,
@@ -258,6 +295,24 @@ fn validate(state: &State, limit: &Limit) -> Result<()> {
                 "memory limit {} is larger than the device ({} on the largest GPU of this node)",
                 Size(bytes),
                 Size(device)
+            );
+        }
+    }
+    for (uuid, &bytes) in &limit.memory_gpus {
+        let gpu = super::gpusel::describe(&state.gpus.devices, uuid);
+        if bytes == 0 {
+            bail!(
+                "a memory limit of 0 on {gpu} would refuse every allocation there; to lift it use \
+                 `fgpu limit rm TARGET --gpu {uuid}`"
+            );
+        }
+        if let Some(d) = state.gpus.devices.iter().find(|d| d.uuid == *uuid)
+            && bytes > d.memory_total_bytes
+        {
+            bail!(
+                "memory limit {} is larger than {gpu} ({})",
+                Size(bytes),
+                Size(d.memory_total_bytes)
             );
         }
     }

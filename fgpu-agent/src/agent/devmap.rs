@@ -138,9 +138,10 @@ pub struct OverOnGpu {
 }
 
 /// The kernel's per-GPU backstop check, done here because only here is the GPU known (see
-/// the module documentation): `limits` are per-GPU limits by cgroup id. The in-kernel check
-/// stays at N × the limit (sure to be an overrun whatever the devices).
-pub fn over_on_one_gpu(state: &State, limits: &HashMap<u64, u64>) -> Vec<OverOnGpu> {
+/// the module documentation): `limits` are each limited cgroup's own limits by GPU (NVML
+/// index), by cgroup id. The in-kernel check stays at the sum over GPUs (sure to be an
+/// overrun whatever the devices).
+pub fn over_on_one_gpu(state: &State, limits: &HashMap<u64, HashMap<u32, u64>>) -> Vec<OverOnGpu> {
     if state.gpus.devices.len() < 2 || limits.is_empty() {
         return Vec::new();
     }
@@ -174,7 +175,7 @@ fn over(
     placed: &Placement,
     procs: &[(u32, ProcUsage)],
     ancestry: &HashMap<u64, CgroupTree>,
-    limits: &HashMap<u64, u64>,
+    limits: &HashMap<u64, HashMap<u32, u64>>,
 ) -> Vec<OverOnGpu> {
     let cgroup_of: HashMap<u32, u64> = procs.iter().map(|(t, p)| (*t, p.cgroup_id)).collect();
     let under = |tgid: u32, top: u64| {
@@ -183,11 +184,13 @@ fn over(
             .is_some_and(|cg| *cg == top || ancestry.get(cg).is_some_and(|t| t.anc.contains(&top)))
     };
     let mut out = Vec::new();
-    for (&cg, &limit) in limits {
+    for (&cg, on) in limits {
         let Some(per) = placed.subtree.get(&cg) else {
             continue;
         };
-        for (&gpu, &bytes) in per.iter().filter(|(_, b)| **b > limit) {
+        let over_there = |(g, b): &(&u32, &u64)| on.get(g).is_some_and(|l| **b > *l);
+        for (&gpu, &bytes) in per.iter().filter(over_there) {
+            let limit = on[&gpu];
             let holder = placed
                 .procs
                 .iter()
@@ -442,7 +445,8 @@ mod tests {
         let nvml = [(0, 10, GIB), (1, 11, 2 * GIB), (1, 12, GIB)];
         let anc = HashMap::from([(5, tree(&[5, 2, 1]))]);
         let p = place(&procs, &nvml, &anc);
-        let limits = HashMap::from([(2, 2 * GIB), (1, 8 * GIB)]);
+        let every = |b: u64| HashMap::from([(0, b), (1, b)]);
+        let limits = HashMap::from([(2, every(2 * GIB)), (1, every(8 * GIB))]);
         assert_eq!(
             over(&p, &procs, &anc, &limits),
             vec![OverOnGpu {
@@ -453,7 +457,26 @@ mod tests {
                 holder: Some(11)
             }]
         );
-        assert!(over(&p, &procs, &anc, &HashMap::from([(2, 3 * GIB)])).is_empty());
+        assert!(over(&p, &procs, &anc, &HashMap::from([(2, every(3 * GIB))])).is_empty());
+        // Per-GPU values: 4 GiB on GPU 1 is not over, 512 MiB on GPU 0 is; a GPU without a
+        // limit of the cgroup is never over.
+        let per = HashMap::from([(2, HashMap::from([(0, GIB / 2), (1, 4 * GIB)]))]);
+        let found = over(&p, &procs, &anc, &per);
+        assert_eq!(
+            found
+                .iter()
+                .map(|o| (o.gpu, o.limit, o.holder))
+                .collect::<Vec<_>>(),
+            [(0, GIB / 2, Some(10))]
+        );
+        let only1 = HashMap::from([(2, HashMap::from([(1, GIB)]))]);
+        assert_eq!(
+            over(&p, &procs, &anc, &only1)
+                .iter()
+                .map(|o| o.gpu)
+                .collect::<Vec<_>>(),
+            [1]
+        );
     }
 
     #[test]

@@ -5,11 +5,14 @@
 //! by path, so it is written again ([`sync`]) on every limit change, at start (also over
 //! pinned maps a previous agent left), every [`SYNC_EVERY`], and as soon as a process execs
 //! in a cgroup the agent has not seen (a cgroup created or re-created since). Each limited
-//! cgroup gets `limit × number of GPUs` as its threshold: the kernel cannot see the device
-//! of cuMemAlloc-family calls (the calling thread's current context) and charges them to one
-//! key, so on an N-GPU node only N × the per-device limit is sure to be an overrun (commit
-//! 24f9790's rule; the shim enforces each device exactly). Key 0 carries the node's policy
-//! for tenants without a limit.
+//! cgroup gets the sum of its limits over the node's GPUs as its threshold (`limit × number
+//! of GPUs` for a plain limit; with per-GPU limits each GPU's own value): the kernel cannot
+//! see the device of cuMemAlloc-family calls (the calling thread's current context) and
+//! charges them to one key, so on an N-GPU node only that sum is sure to be an overrun
+//! (commit 24f9790's rule; the shim enforces each device exactly, and [`reconcile`] checks
+//! each GPU through [`super::devmap`]). A cgroup limited on some GPUs only has no bound in
+//! the kernel (it stays a tenant). Key 0 carries the node's policy for tenants without a
+//! limit.
 //!
 //! [`reconcile`] runs every [`RECONCILE_EVERY`]: a limited subtree the kernel sees over its
 //! threshold is reported even if the kernel's record of it was lost (ring buffer full), and
@@ -67,7 +70,6 @@ pub fn desired(state: &State) -> HashMap<u64, KernelLimit> {
         OnExceed::Kill => KernelLimit::KILL,
         OnExceed::Deny => 0,
     };
-    let devices = state.gpus.devices.len().max(1) as u64;
     let mut out = HashMap::from([(
         0,
         KernelLimit {
@@ -78,14 +80,14 @@ pub fn desired(state: &State) -> HashMap<u64, KernelLimit> {
     )]);
     let store = state.limits.lock().expect("limits lock");
     for (path, limit) in store.all() {
-        let Some(bytes) = limit.memory_bytes else {
+        let Some(bytes) = threshold(&state.gpus.devices, limit) else {
             continue;
         };
         if let Some(id) = cgroup_id(&state.cgroup2_mount, path) {
             out.insert(
                 id,
                 KernelLimit {
-                    bytes: bytes.saturating_mul(devices),
+                    bytes,
                     flags,
                     pad: 0,
                 },
@@ -95,12 +97,43 @@ pub fn desired(state: &State) -> HashMap<u64, KernelLimit> {
     out
 }
 
-/// Each limited cgroup's per-GPU memory limit, by cgroup id.
-fn per_gpu_limits(state: &State) -> HashMap<u64, u64> {
+/// A limited cgroup's threshold in the kernel (see the module documentation): the sum of
+/// its limits over the node's GPUs (a per-GPU value where it has one, else its plain
+/// limit); no bound in the kernel (`u64::MAX`, the entry still makes it a tenant) where a
+/// GPU of the node has no limit of it. `None`: no memory limit. Without a GPU list (no
+/// NVML) the plain limit counts once.
+pub fn threshold(gpus: &[super::gpus::Gpu], limit: &crate::api::Limit) -> Option<u64> {
+    if !limit.has_memory() {
+        return None;
+    }
+    if gpus.is_empty() {
+        return limit.memory_bytes;
+    }
+    Some(
+        gpus.iter()
+            .try_fold(0u64, |sum, g| {
+                limit.memory_on(&g.uuid).map(|b| sum.saturating_add(b))
+            })
+            .unwrap_or(u64::MAX),
+    )
+}
+
+/// Each limited cgroup's own memory limit per GPU (NVML index), by cgroup id: only GPUs it
+/// has a limit on.
+fn per_gpu_limits(state: &State) -> HashMap<u64, HashMap<u32, u64>> {
     let store = state.limits.lock().expect("limits lock");
     store
         .all()
-        .filter_map(|(path, l)| Some((cgroup_id(&state.cgroup2_mount, path)?, l.memory_bytes?)))
+        .filter(|(_, l)| l.has_memory())
+        .filter_map(|(path, l)| {
+            let per: HashMap<u32, u64> = state
+                .gpus
+                .devices
+                .iter()
+                .filter_map(|g| Some((g.index, l.memory_on(&g.uuid)?)))
+                .collect();
+            Some((cgroup_id(&state.cgroup2_mount, path)?, per))
+        })
         .collect()
 }
 
@@ -296,5 +329,48 @@ pub async fn run(state: Arc<State>) {
         if n.is_multiple_of(per_reconcile) {
             reconcile(&state, n.is_multiple_of(per_reconcile * 5));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::gpus::Gpu;
+    use crate::api::Limit;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_kernel_threshold_is_the_sum_over_the_nodes_gpus() {
+        let gpus: Vec<Gpu> = (0..2)
+            .map(|i| Gpu {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                name: "Sim".into(),
+                memory_total_bytes: 16 * GIB,
+            })
+            .collect();
+        let plain = Limit {
+            memory_bytes: Some(2 * GIB),
+            ..Limit::default()
+        };
+        assert_eq!(threshold(&gpus, &plain), Some(4 * GIB));
+        assert_eq!(threshold(&[], &plain), Some(2 * GIB));
+        let mut both = Limit {
+            memory_gpus: [("GPU-1".to_string(), GIB)].into(),
+            ..Limit::default()
+        };
+        assert_eq!(
+            threshold(&gpus, &both),
+            Some(u64::MAX),
+            "GPU 0 is unlimited"
+        );
+        both.memory_gpus.insert("GPU-0".into(), 3 * GIB);
+        assert_eq!(threshold(&gpus, &both), Some(4 * GIB));
+        // A per-GPU value replaces the plain one on its GPU: 3 GiB on GPU 0 + 1 GiB on GPU 1.
+        both.memory_gpus.remove("GPU-1");
+        both.memory_bytes = Some(GIB);
+        assert_eq!(threshold(&gpus, &both), Some(4 * GIB));
+        assert_eq!(threshold(&gpus, &Limit::default()), None);
     }
 }

@@ -64,12 +64,37 @@ impl CgroupLedger {
         [self.limits_fd.as_raw_fd(), self.usage_fd.as_raw_fd()]
     }
 
-    /// Writes the effective limit into the limits page (every device: limits are per cgroup).
+    /// Writes the effective limit into the limits page: compute settings on every device,
+    /// the memory limit of each device record's GPU (its per-GPU value, else the plain one);
+    /// a record no shim has bound to a GPU yet gets the lowest of them, so that the first
+    /// allocations after binding are covered too ([`super::budget::refresh`] follows with
+    /// the exact budgets).
     pub fn apply(&self, limit: &Limit) {
         let l = &self.ledger().limits;
-        for d in &l.devices {
+        let by_key: Vec<(u64, u64)> = limit
+            .memory_gpus
+            .iter()
+            .filter_map(|(u, b)| Some((uuid_key(&uuid_bytes(u)?), *b)))
+            .collect();
+        let lowest = limit
+            .memory_gpus
+            .values()
+            .copied()
+            .chain(limit.memory_bytes)
+            .min();
+        for (d, rec) in l.devices.iter().zip(&self.ledger().usage.devices) {
+            let key = rec.key.load(std::sync::atomic::Ordering::SeqCst);
+            let memory = if key == 0 {
+                lowest
+            } else {
+                by_key
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, b)| *b)
+                    .or(limit.memory_bytes)
+            };
             d.memory_limit.store(
-                limit.memory_bytes.unwrap_or(NO_LIMIT),
+                memory.unwrap_or(NO_LIMIT),
                 std::sync::atomic::Ordering::SeqCst,
             );
             d.compute_share.store(

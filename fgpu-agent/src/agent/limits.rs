@@ -3,7 +3,10 @@
 //! A memory limit on a cgroup covers all processes of all its descendants together (the
 //! kernel checks every limited ancestor of an allocating cgroup; the shims' budgets are
 //! chosen in [`super::budget`]); a descendant may have a lower limit of its own, and the
-//! lowest on the way to the root is the one that applies. Compute settings are inherited
+//! lowest on the way to the root is the one that applies. Memory limits are per GPU: a
+//! cgroup's plain value (`memory_bytes`) applies on every GPU, its per-GPU values
+//! (`memory_gpus`, by UUID) replace it on their GPUs, and on each GPU the lowest value of the
+//! cgroup and its ancestors applies. Compute settings are inherited
 //! field by field from the nearest cgroup that sets them. The file is rewritten atomically (temporary file, fsync, rename) on every change,
 //! and a change that cannot be persisted is not applied.
 
@@ -60,11 +63,16 @@ impl LimitStore {
     }
 
     /// The limit that applies to `cgroup`: the lowest memory limit of the cgroup and its
-    /// ancestors (the nearest on a tie), compute fields from the nearest that sets them.
-    /// Returns the limit and the cgroup whose memory limit it is.
+    /// ancestors (the nearest on a tie), per GPU as well (for every GPU that one of them
+    /// names, the lowest of their values there, a plain value counting on every GPU), and
+    /// compute fields from the nearest that sets them. Returns the limit and the cgroup
+    /// whose plain memory limit it is.
     pub fn effective(&self, cgroup: &str) -> (Limit, Option<String>) {
         let mut out = Limit::default();
         let mut memory_from = None;
+        let chain: Vec<&Limit> = ancestors(cgroup)
+            .filter_map(|p| self.limits.get(p))
+            .collect();
         for path in ancestors(cgroup) {
             let Some(l) = self.limits.get(path) else {
                 continue;
@@ -78,6 +86,11 @@ impl LimitStore {
             out.compute_pct = out.compute_pct.or(l.compute_pct);
             out.compute_cap_pct = out.compute_cap_pct.or(l.compute_cap_pct);
         }
+        for uuid in chain.iter().flat_map(|l| l.memory_gpus.keys()) {
+            if let Some(m) = chain.iter().filter_map(|l| l.memory_on(uuid)).min() {
+                out.memory_gpus.insert(uuid.clone(), m);
+            }
+        }
         (out, memory_from)
     }
 
@@ -89,9 +102,31 @@ impl LimitStore {
         entry.memory_bytes = update.memory_bytes.or(entry.memory_bytes);
         entry.compute_pct = update.compute_pct.or(entry.compute_pct);
         entry.compute_cap_pct = update.compute_cap_pct.or(entry.compute_cap_pct);
+        entry.memory_gpus.extend(update.memory_gpus.clone());
         let result = entry.clone();
         self.commit(next)?;
         Ok(result)
+    }
+
+    /// Removes the per-GPU memory values of `uuids` from `cgroup`'s own limit (a limit left
+    /// with nothing set is removed). Returns the new own limit, or `None` if the cgroup had
+    /// none of those values (nothing is changed then).
+    pub fn clear_gpus(&mut self, cgroup: &str, uuids: &[String]) -> Result<Option<Limit>> {
+        let mut next = self.limits.clone();
+        let Some(entry) = next.get_mut(cgroup) else {
+            return Ok(None);
+        };
+        let before = entry.memory_gpus.len();
+        entry.memory_gpus.retain(|u, _| !uuids.contains(u));
+        if entry.memory_gpus.len() == before {
+            return Ok(None);
+        }
+        let result = entry.clone();
+        if result == Limit::default() {
+            next.remove(cgroup);
+        }
+        self.commit(next)?;
+        Ok(Some(result))
     }
 
     /// Removes `cgroup`'s own limit; returns it, or `None` if it had none.
@@ -219,6 +254,89 @@ mod tests {
         assert!(s.remove("/a").unwrap().is_some());
         assert!(s.remove("/a").unwrap().is_none());
         assert!(LimitStore::open(&d).unwrap().own("/a").is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    fn on_gpu(uuid: &str, bytes: u64) -> Limit {
+        Limit {
+            memory_gpus: BTreeMap::from([(uuid.to_string(), bytes)]),
+            ..Limit::default()
+        }
+    }
+
+    #[test]
+    fn per_gpu_values_merge_inherit_as_the_lowest_and_clear_one_by_one() {
+        let d = dir();
+        let mut s = LimitStore::open(&d).unwrap();
+        s.set("/pod", &mem(4 << 30)).unwrap();
+        s.set("/pod/job", &on_gpu("GPU-0", 8 << 30)).unwrap();
+        let merged = s.set("/pod/job", &on_gpu("GPU-1", 1 << 30)).unwrap();
+        assert_eq!(
+            merged.memory_gpus,
+            BTreeMap::from([("GPU-0".into(), 8 << 30), ("GPU-1".into(), 1 << 30)]),
+            "setting GPU 1 keeps GPU 0's value"
+        );
+        // GPU-0: min(own 8, parent's plain 4); GPU-1: min(1, 4); other GPUs: the parent's 4.
+        let (eff, from) = s.effective("/pod/job/x");
+        assert_eq!(
+            eff.memory_gpus,
+            BTreeMap::from([("GPU-0".into(), 4 << 30), ("GPU-1".into(), 1 << 30)])
+        );
+        assert_eq!(
+            (eff.memory_bytes, from.as_deref()),
+            (Some(4 << 30), Some("/pod"))
+        );
+        assert_eq!(eff.memory_on("GPU-7"), Some(4 << 30));
+        // A per-GPU value replaces the same cgroup's plain value on its GPU.
+        s.set("/solo", &mem(2 << 30)).unwrap();
+        s.set("/solo", &on_gpu("GPU-1", 6 << 30)).unwrap();
+        let eff = s.effective("/solo").0;
+        assert_eq!(
+            (eff.memory_on("GPU-1"), eff.memory_on("GPU-0")),
+            (Some(6 << 30), Some(2 << 30))
+        );
+        drop(s);
+
+        let mut s = LimitStore::open(&d).unwrap();
+        assert_eq!(
+            s.own("/pod/job").unwrap().memory_gpus.len(),
+            2,
+            "survives a restart"
+        );
+        assert!(
+            s.clear_gpus("/pod/job", &["GPU-9".into()])
+                .unwrap()
+                .is_none()
+        );
+        let left = s
+            .clear_gpus("/pod/job", &["GPU-1".into()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            left.memory_gpus,
+            BTreeMap::from([("GPU-0".into(), 8 << 30)])
+        );
+        assert!(
+            s.clear_gpus("/pod/job", &["GPU-0".into()])
+                .unwrap()
+                .is_some()
+        );
+        assert!(s.own("/pod/job").is_none(), "a limit left empty is removed");
+        assert!(LimitStore::open(&d).unwrap().own("/pod/job").is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_state_file_without_per_gpu_values_still_loads() {
+        let d = dir();
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(
+            d.join(FILE),
+            br#"{"/a":{"memory_bytes":1073741824,"compute_pct":null,"compute_cap_pct":null}}"#,
+        )
+        .unwrap();
+        let s = LimitStore::open(&d).unwrap();
+        assert_eq!(s.own("/a").unwrap(), &mem(1 << 30));
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -17,6 +17,7 @@ mod doors;
 mod enforce;
 mod events;
 mod gpus;
+mod gpusel;
 mod hostns;
 mod kernel;
 mod ledgers;

@@ -64,7 +64,7 @@ impl State {
             *subtree.entry(key.cgroup_id).or_default() += bytes;
         }
         for (path, limit) in limits.all() {
-            if limit.memory_bytes.is_none() || report.cgroups.iter().any(|r| &r.cgroup == path) {
+            if !limit.has_memory() || report.cgroups.iter().any(|r| &r.cgroup == path) {
                 continue;
             }
             if let Some(id) = super::enforce::cgroup_id(&self.cgroup2_mount, path)
@@ -91,6 +91,8 @@ impl State {
             row.compute_turn_pct = figures.map(|f| (f.turn_pct * 10.0).round() / 10.0);
             row.compute_corun = figures.is_some_and(|f| f.corun);
             row.memory_limit_bytes = effective.memory_bytes;
+            per_gpu_limits(row, &effective, &self.gpus.devices);
+            row.memory_limit_gpus = effective.memory_gpus;
             row.memory_limit_from = from;
             row.memory_subtree_bytes = subtree.get(&row.cgroup_id).copied().unwrap_or(0);
             let tally = self.backstop.tally(row.cgroup_id);
@@ -121,6 +123,40 @@ impl State {
         }
         let tree = super::devmap::tree(self);
         super::budget::refresh(self, &super::budget::tree_by_key(&tree));
+    }
+}
+
+/// Each device entry's UUID and the limit on it; with per-GPU limits, every GPU of the node
+/// gets an entry (its usage 0 if none), so that each GPU's limit shows.
+fn per_gpu_limits(
+    row: &mut CgroupStatus,
+    effective: &crate::api::Limit,
+    gpus: &[super::gpus::Gpu],
+) {
+    if !effective.memory_gpus.is_empty() {
+        for g in gpus {
+            if !row.devices.iter().any(|d| d.device == g.index) {
+                row.devices.push(DeviceUsage {
+                    device: g.index,
+                    uuid: None,
+                    memory_used_bytes: 0,
+                    limit_bytes: None,
+                    allocs: 0,
+                    frees: 0,
+                });
+            }
+        }
+        row.devices.sort_by_key(|d| d.device);
+    }
+    for d in &mut row.devices {
+        d.uuid = gpus
+            .iter()
+            .find(|g| g.index == d.device)
+            .map(|g| g.uuid.clone());
+        d.limit_bytes = match &d.uuid {
+            Some(u) => effective.memory_on(u),
+            None => effective.memory_bytes,
+        };
     }
 }
 
@@ -170,7 +206,9 @@ pub fn build(snap: &Snapshot, mut path_of: impl FnMut(u64) -> Option<String>) ->
         r.memory_used_bytes += usage.bytes;
         r.devices.push(DeviceUsage {
             device: key.device,
+            uuid: None,
             memory_used_bytes: usage.bytes,
+            limit_bytes: None,
             allocs: usage.allocs,
             frees: usage.frees,
         });

@@ -136,6 +136,7 @@ pub fn limit_from_env(env: &[String], args: &HookArgs) -> Result<Limit> {
         memory_bytes,
         compute_pct,
         compute_cap_pct: None,
+        ..Limit::default()
     })
 }
 
@@ -197,6 +198,7 @@ pub fn run(args: &HookArgs) -> Result<()> {
         target: format!("pid:{pid}"),
         limit: limit.clone(),
         until_cgroup_removed: true,
+        ..LimitSetRequest::default()
     };
     let body = Bytes::from(serde_json::to_vec(&req)?);
     match crate::cli::client::request(&socket, Kind::LimitSet, body, Kind::LimitReply) {

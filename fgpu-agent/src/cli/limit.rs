@@ -33,12 +33,31 @@ enum LimitCommand {
     /// Set a cgroup's limits (given fields only; others keep their value). The limit covers
     /// all processes of the cgroup and its descendants together and applies at once to
     /// processes already running.
+    ///
+    /// A memory limit applies on each GPU separately: without --gpu, the same limit on every
+    /// GPU the cgroup uses; with --gpu, on the named GPUs only (it replaces the cgroup's
+    /// plain limit there; other GPUs keep theirs). On each GPU the lowest limit of the cgroup
+    /// and its ancestors applies.
+    ///
+    /// Examples:
+    ///   fgpu limit set container:3f2a --memory 8GiB            (8 GiB on every GPU)
+    ///   fgpu limit set container:3f2a --memory 1GiB --gpu 1    (1 GiB on GPU 1 only)
+    ///   fgpu limit set pod:ml/train --memory 40GiB --gpu 0 --gpu GPU-5e1a
+    #[command(verbatim_doc_comment)]
     Set {
         #[arg(help = TARGET_HELP)]
         target: String,
-        /// GPU memory, e.g. 8GiB, 512MiB, 8GB (decimal) or bytes.
+        /// GPU memory, e.g. 8GiB, 512MiB, 8GB (decimal) or bytes: on each GPU (or on the
+        /// GPUs of --gpu only).
         #[arg(long, value_name = "SIZE", value_parser = size)]
         memory: Option<u64>,
+        /// Set --memory on this GPU only (repeat for several): its NVML index as
+        /// `nvidia-smi` shows it (0, 1, ...; not a container's CUDA_VISIBLE_DEVICES order),
+        /// its UUID (GPU-5e1a...) or a prefix of the UUID that only this GPU has. MIG
+        /// instances are not supported. An unknown or ambiguous GPU is an error that lists
+        /// the node's GPUs, and nothing changes. Remove with `fgpu limit rm TARGET --gpu X`.
+        #[arg(long = "gpu", value_name = "INDEX|UUID", requires = "memory")]
+        gpus: Vec<String>,
         /// Guaranteed share of the GPU's compute time, e.g. 30%.
         #[arg(long, value_name = "PCT", value_parser = pct)]
         compute: Option<u8>,
@@ -58,10 +77,16 @@ enum LimitCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Remove a cgroup's own limits (it then inherits its ancestors', if any).
+    /// Remove a cgroup's own limits (it then inherits its ancestors', if any); with --gpu,
+    /// only its memory limit on those GPUs (they fall back to its plain limit, if any).
+    #[command(visible_alias = "clear")]
     Rm {
         #[arg(help = TARGET_HELP)]
         target: String,
+        /// Remove only the per-GPU memory limit on this GPU (an index, UUID or unique UUID
+        /// prefix, as for `limit set --gpu`); repeat for several.
+        #[arg(long = "gpu", value_name = "INDEX|UUID")]
+        gpus: Vec<String>,
     },
 }
 
@@ -82,20 +107,30 @@ pub fn run(args: &LimitArgs) -> Result<()> {
         LimitCommand::Set {
             target,
             memory,
+            gpus,
             compute,
             compute_cap,
         } => {
             if memory.is_none() && compute.is_none() && compute_cap.is_none() {
                 anyhow::bail!("nothing to set: give --memory, --compute or --compute-cap");
             }
+            // With --gpu the value goes per GPU, as written; the agent resolves the GPUs.
+            let (plain, per_gpu) = match memory {
+                Some(m) if !gpus.is_empty() => {
+                    (None, gpus.iter().map(|g| (g.clone(), *m)).collect())
+                }
+                m => (*m, Default::default()),
+            };
             let req = LimitSetRequest {
                 target: crate::k8s::target::resolve(target)?,
                 limit: Limit {
-                    memory_bytes: *memory,
+                    memory_bytes: plain,
                     compute_pct: *compute,
                     compute_cap_pct: *compute_cap,
+                    ..Limit::default()
                 },
-                until_cgroup_removed: false,
+                memory_gpus: per_gpu,
+                ..LimitSetRequest::default()
             };
             let entry: LimitEntry = parse(&ask(Kind::LimitSet, serde_json::to_vec(&req)?)?)?;
             print!("{}", table(&[entry]));
@@ -121,7 +156,23 @@ pub fn run(args: &LimitArgs) -> Result<()> {
                 print!("{}", table(&entries));
             }
         }
-        LimitCommand::Rm { target } => {
+        LimitCommand::Rm { target, gpus } if !gpus.is_empty() => {
+            // Sent as a change (an agent without per-GPU limits refuses it as empty rather
+            // than removing the whole limit).
+            let req = LimitSetRequest {
+                target: crate::k8s::target::resolve(target)?,
+                clear_gpus: gpus.clone(),
+                ..LimitSetRequest::default()
+            };
+            let entry: LimitEntry = parse(&ask(Kind::LimitSet, serde_json::to_vec(&req)?)?)?;
+            println!(
+                "removed the per-GPU memory limits of {} on {}",
+                entry.cgroup,
+                gpus.join(", ")
+            );
+            print!("{}", table(&[entry]));
+        }
+        LimitCommand::Rm { target, .. } => {
             let req = TargetRequest {
                 target: crate::k8s::target::resolve(target)?,
             };
@@ -175,6 +226,22 @@ pub fn table(entries: &[LimitEntry]) -> String {
             "{:<width$}  {memory:>10}  {compute:>8}  {cap:>8}  {note}",
             e.cgroup
         );
+        // Per-GPU memory limits, one line each under the cgroup's row.
+        for (uuid, bytes) in &e.effective.memory_gpus {
+            let own = if e.own.memory_on(uuid) == Some(*bytes) {
+                ""
+            } else {
+                " (from an ancestor)"
+            };
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:>10}  {:>8}  {:>8}  on {uuid}{own}",
+                "",
+                Size(*bytes).to_string(),
+                "",
+                ""
+            );
+        }
     }
     out
 }
@@ -192,6 +259,7 @@ mod tests {
                 memory_bytes: Some(1 << 30),
                 compute_pct: Some(30),
                 compute_cap_pct: None,
+                ..Limit::default()
             },
             memory_limit_from: Some("/team".into()),
         };

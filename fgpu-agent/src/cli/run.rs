@@ -88,6 +88,7 @@ pub fn run(args: &RunArgs) -> Result<std::process::ExitCode> {
         memory_bytes: args.memory,
         compute_pct: args.compute,
         compute_cap_pct: args.compute_cap,
+        ..Limit::default()
     };
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
@@ -167,6 +168,7 @@ fn set_limit(socket: &Path, cgroup: &str, limit: &Limit) -> bool {
         target: cgroup.to_string(),
         limit: limit.clone(),
         until_cgroup_removed: false,
+        ..LimitSetRequest::default()
     };
     let body = Bytes::from(serde_json::to_vec(&req).unwrap_or_default());
     match super::client::request(socket, Kind::LimitSet, body, Kind::LimitReply) {

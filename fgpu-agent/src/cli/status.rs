@@ -14,7 +14,9 @@ use crate::status::StatusReport;
 #[derive(Debug, Args)]
 pub struct StatusArgs {
     /// Print a JSON array, one object per cgroup (fields: cgroup, cgroup_id, pids,
-    /// memory_used_bytes, memory_limit_bytes, alloc_denied, over_limit_actions, devices,
+    /// memory_used_bytes, memory_limit_bytes, memory_limit_gpus (per-GPU limits by UUID),
+    /// alloc_denied, over_limit_actions, devices (per GPU: device, uuid, memory_used_bytes,
+    /// limit_bytes, allocs, frees),
     /// compute_share_pct, compute_cap_pct, compute_turn_pct (device time held in turns: what a
     /// share is a share of), compute_corun, compute_used_pct (measured GPU time),
     /// compute_nvml_pct, container_id: the container whose cgroup it is; pod: its Kubernetes
@@ -98,9 +100,13 @@ pub fn table(report: &StatusReport) -> String {
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        let limit = c
-            .memory_limit_bytes
-            .map_or_else(|| "-".to_string(), |l| Size(l).to_string());
+        // With per-GPU limits the row says so and one line per GPU follows.
+        let limit = if c.memory_limit_gpus.is_empty() {
+            c.memory_limit_bytes
+                .map_or_else(|| "-".to_string(), |l| Size(l).to_string())
+        } else {
+            "per GPU".to_string()
+        };
         let compute = match (c.compute_share_pct, c.compute_cap_pct) {
             (None, None) => "-".to_string(),
             (Some(s), None) => format!("{s}%"),
@@ -135,6 +141,20 @@ pub fn table(report: &StatusReport) -> String {
             turns,
             used
         );
+        if !c.memory_limit_gpus.is_empty() {
+            for d in &c.devices {
+                let _ = writeln!(
+                    out,
+                    "{:<width$}  {:<12}  {:<16}  {:>10}  {:>10}",
+                    format!("  GPU {}", d.device),
+                    "",
+                    d.uuid.as_deref().unwrap_or("-"),
+                    Size(d.memory_used_bytes).to_string(),
+                    d.limit_bytes
+                        .map_or_else(|| "-".to_string(), |l| Size(l).to_string()),
+                );
+            }
+        }
     }
     if report.cgroups.is_empty() {
         let _ = writeln!(out, "(no cgroup holds GPU memory)");
@@ -201,6 +221,42 @@ mod tests {
         assert!(t.contains("3 events dropped"), "{t}");
         assert!(t.contains("30%") && t.contains("29.6%"), "{t}");
         assert!(t.contains("TURNS") && t.contains("30.2%"), "{t}");
+
+        let mut per_gpu = report.clone();
+        let uuid = "GPU-5e1a0000-0000-0000-0000-000000000001";
+        per_gpu.cgroups[0].memory_limit_gpus = [(uuid.to_string(), 1 << 30)].into();
+        per_gpu.cgroups[0].devices = vec![
+            crate::status::DeviceUsage {
+                device: 0,
+                uuid: Some("GPU-5e1a0000-0000-0000-0000-000000000000".into()),
+                memory_used_bytes: 0,
+                limit_bytes: None,
+                allocs: 0,
+                frees: 0,
+            },
+            crate::status::DeviceUsage {
+                device: 1,
+                uuid: Some(uuid.into()),
+                memory_used_bytes: 805_306_368,
+                limit_bytes: Some(1 << 30),
+                allocs: 1,
+                frees: 0,
+            },
+        ];
+        let t = table(&per_gpu);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[1].contains("per GPU"), "{t}");
+        assert!(
+            lines[2].starts_with("  GPU 0") && lines[2].trim_end().ends_with('-'),
+            "{t}"
+        );
+        assert!(
+            lines[3].starts_with("  GPU 1")
+                && lines[3].contains(uuid)
+                && lines[3].contains("768MiB")
+                && lines[3].trim_end().ends_with("1GiB"),
+            "{t}"
+        );
 
         let own = StatusReport {
             own_only: true,

@@ -205,6 +205,7 @@ impl Driver {
             memory_bytes: memory,
             compute_pct: compute,
             compute_cap_pct: None,
+            ..Limit::default()
         })
     }
 
@@ -220,6 +221,7 @@ impl Driver {
                     target: cg.clone(),
                     limit: limit.clone(),
                     until_cgroup_removed: true,
+                    ..LimitSetRequest::default()
                 };
                 self.ask(Kind::LimitSet, serde_json::to_vec(&req)?)
                     .with_context(|| format!("setting pod {pod}'s limit on {cg}"))?;

@@ -28,22 +28,35 @@ pub async fn run(state: Arc<State>) {
             if total <= before {
                 continue;
             }
-            let limit = state
+            let effective = state
                 .limits
                 .lock()
                 .expect("limits lock")
                 .effective(&l.cgroup)
-                .0
-                .memory_bytes;
+                .0;
+            let limit = effective.memory_bytes;
+            // Per-GPU limits are named with their GPUs (the denial's GPU is not recorded).
+            let per_gpu = (!effective.memory_gpus.is_empty()).then(|| {
+                effective
+                    .memory_gpus
+                    .iter()
+                    .map(|(u, b)| format!("{} on {u}", Size(*b)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            });
+            let mut shown = limit.map_or_else(|| "-".to_string(), |b| Size(b).to_string());
+            if let Some(per) = &per_gpu {
+                shown = format!("{shown} ({per})");
+            }
             tracing::warn!(
                 event = "alloc_denied",
                 cgroup = %l.cgroup,
                 denied = total - before,
                 denied_total = total,
                 limit_bytes = limit,
-                "{} allocation(s) refused at the {} limit",
+                limit_gpus = per_gpu.as_deref(),
+                "{} allocation(s) refused at the {shown} limit",
                 total - before,
-                limit.map_or_else(|| "-".to_string(), |b| Size(b).to_string()),
             );
         }
     }

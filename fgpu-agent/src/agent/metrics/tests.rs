@@ -23,7 +23,9 @@ fn row(cgroup: &str, used: u64, limit: Option<u64>, denied: u64) -> CgroupStatus
         over_limit_actions: 2,
         devices: vec![DeviceUsage {
             device: 1,
+            uuid: None,
             memory_used_bytes: used,
+            limit_bytes: None,
             allocs: 5,
             frees: 1,
         }],
