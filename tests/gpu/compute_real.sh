@@ -233,6 +233,11 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu
 smi_pid=$!
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
+# WARM_VM=GIB: touch that much host memory once before the references (a fresh VM backs its
+# memory on first touch; the first processes of a run were slower).
+if [ -n "${WARM_VM:-}" ]; then
+  timeout 60 "$PY" -c "import numpy as np; a = np.ones(${WARM_VM} << 27); print('touched', a.nbytes >> 30, 'GiB')"
+fi
 phase ref-cnn a:cnn:bare
 phase ref-attn a:attn:bare
 { want s3 || want s30 || want s50; } && phase ref-graph a:graph:bare
@@ -265,13 +270,22 @@ if want ab; then # the same, interleaved with bare runs (b has no limit) under t
     [ -n "${AB_LOCAL:-}" ] && phase "ab${abn[$r]}-local-$r" "a:$r:fgpu-local"
   done
 fi
+# BRACKET=1: after each two-tenant mix, its workloads alone again without fgpu (in container
+# c, which has no setting then): the report takes each share against the nearest run alone
+# before and after it (the machine's speed drifts by 10-40% through a run).
+BRN=0
+br() {
+  [ -n "${BRACKET:-}" ] || return 0
+  local r
+  for r in "$@"; do BRN=$((BRN + 1)); phase "refb$BRN-$r" "c:$r:bare"; done
+}
 gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for a variant)
   local v=$1
-  if want s25; then limits "--compute 25" "--compute 75" ""; phase "s25$v" a:cnn:fgpu b:attn:fgpu; fi
-  if want dec; then limits "--compute 50" "--compute 50" ""; phase "dec$v" a:decoder:fgpu b:cnn:fgpu; fi
-  if want mp; then limits "--compute 50" "--compute 50" ""; phase "mp$v" a:cnn:fgpu a:cnn:fgpu b:cnn:fgpu; fi
+  if want s25; then limits "--compute 25" "--compute 75" ""; phase "s25$v" a:cnn:fgpu b:attn:fgpu; br cnn attn; fi
+  if want dec; then limits "--compute 50" "--compute 50" ""; phase "dec$v" a:decoder:fgpu b:cnn:fgpu; br decoder cnn; fi
+  if want mp; then limits "--compute 50" "--compute 50" ""; phase "mp$v" a:cnn:fgpu a:cnn:fgpu b:cnn:fgpu; br cnn; fi
   if want s3; then limits "--compute 20" "--compute 30" "--compute 50"; phase "s3$v" a:cnn:fgpu b:attn:fgpu c:graph:fgpu; fi
-  if [ -z "$v" ] && want kill; then limits "--compute 50" "--compute 50" ""; kill_phase; fi
+  if [ -z "$v" ] && want kill; then limits "--compute 50" "--compute 50" ""; kill_phase; br cnn attn; fi
   if want s30; then limits "--compute 30" "--compute 70" ""; phase "s30$v" a:matmul:fgpu b:graph:fgpu; fi
   if want s50; then limits "--compute 50" "--compute 50" ""; phase "s50$v" a:matmul:fgpu b:graph:fgpu; fi
 }
