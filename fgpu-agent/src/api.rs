@@ -19,6 +19,14 @@ pub struct Limit {
     pub compute_pct: Option<u8>,
     /// Hard compute ceiling, percent.
     pub compute_cap_pct: Option<u8>,
+    /// Compute share on one GPU, by NVML UUID (`fgpu limit set --compute P --gpu X`): on
+    /// that GPU it replaces `compute_pct` of the same cgroup. Inherited like `compute_pct`:
+    /// per GPU, from the nearest cgroup that sets a value there (its own or its plain one).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub compute_gpus: BTreeMap<String, u8>,
+    /// Compute ceiling on one GPU, by NVML UUID, as `compute_gpus` is to `compute_pct`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub compute_cap_gpus: BTreeMap<String, u8>,
 }
 
 /// `fgpu limit set`.
@@ -41,6 +49,13 @@ pub struct LimitSetRequest {
     /// rm TARGET --gpu X`): they fall back to the cgroup's plain limit, if any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clear_gpus: Vec<String>,
+    /// Per-GPU compute shares and ceilings as the user wrote the GPUs (`--compute` /
+    /// `--compute-cap` with `--gpu`), resolved like `memory_gpus`; the plain fields are unset
+    /// then.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub compute_gpus: BTreeMap<String, u8>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub compute_cap_gpus: BTreeMap<String, u8>,
 }
 
 impl Limit {
@@ -52,6 +67,34 @@ impl Limit {
     /// Whether any memory limit is set (on every GPU or on some).
     pub fn has_memory(&self) -> bool {
         self.memory_bytes.is_some() || !self.memory_gpus.is_empty()
+    }
+
+    /// The compute share on the GPU of NVML UUID `uuid`: its own value, else `compute_pct`.
+    pub fn compute_on(&self, uuid: &str) -> Option<u8> {
+        self.compute_gpus.get(uuid).copied().or(self.compute_pct)
+    }
+
+    /// The compute ceiling on the GPU of NVML UUID `uuid`.
+    pub fn compute_cap_on(&self, uuid: &str) -> Option<u8> {
+        self.compute_cap_gpus
+            .get(uuid)
+            .copied()
+            .or(self.compute_cap_pct)
+    }
+
+    /// Whether any compute setting is made (on every GPU or on some).
+    pub fn has_compute(&self) -> bool {
+        self.compute_pct.is_some()
+            || self.compute_cap_pct.is_some()
+            || !self.compute_gpus.is_empty()
+            || !self.compute_cap_gpus.is_empty()
+    }
+
+    /// Whether it holds a per-GPU value (memory, share or ceiling) for `uuid`.
+    pub fn names_gpu(&self, uuid: &str) -> bool {
+        self.memory_gpus.contains_key(uuid)
+            || self.compute_gpus.contains_key(uuid)
+            || self.compute_cap_gpus.contains_key(uuid)
     }
 }
 

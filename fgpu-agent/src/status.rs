@@ -57,6 +57,12 @@ pub struct CgroupStatus {
     /// Configured compute cap, percent (`null`: none).
     #[serde(default)]
     pub compute_cap_pct: Option<u8>,
+    /// Per-GPU compute shares and caps that apply, by GPU UUID (`fgpu limit set --compute P
+    /// --gpu X`): on a GPU listed here the value applies instead of the plain one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub compute_share_gpus: BTreeMap<String, u8>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub compute_cap_gpus: BTreeMap<String, u8>,
     /// GPU time the cgroup's gated launches used over the last 5 s, percent of wall time
     /// (summed over devices; measured by the shims' events). `null` when the cgroup's
     /// compute is not gated.
@@ -105,6 +111,8 @@ impl CgroupStatus {
             devices: Vec::new(),
             compute_share_pct: None,
             compute_cap_pct: None,
+            compute_share_gpus: BTreeMap::new(),
+            compute_cap_gpus: BTreeMap::new(),
             compute_used_pct: None,
             compute_turn_pct: None,
             compute_corun: false,

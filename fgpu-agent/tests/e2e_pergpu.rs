@@ -323,8 +323,8 @@ fn privileged_per_gpu_memory_limits_stop_at_each_gpus_own_limit() {
         "limit", "set", &one.path, "--memory", "3GiB", "--gpu", "0", "--gpu", "7",
     ]);
     assert!(!out.status.success(), "a bad GPU among good ones");
-    let out = agent.cli(&["limit", "set", &one.path, "--compute", "30%", "--gpu", "0"]);
-    assert!(!out.status.success(), "--gpu without --memory");
+    let out = agent.cli(&["limit", "set", &one.path, "--gpu", "0"]);
+    assert!(!out.status.success(), "--gpu without a value");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("--memory"),
         "{}",

@@ -59,7 +59,7 @@ pub fn ledger_for(store: &LimitStore, cgroup: &str) -> String {
                 path.to_string()
             };
         }
-        compute_override |= own.compute_pct.is_some() || own.compute_cap_pct.is_some();
+        compute_override |= own.has_compute();
     }
     cgroup.to_string()
 }
@@ -399,7 +399,14 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
             .collect();
         let statics = ledgers
             .iter()
-            .map(|l| store.effective(&l.cgroup).0.memory_bytes)
+            .map(|l| {
+                let effective = store.effective(&l.cgroup).0;
+                // Per-GPU compute settings follow the records bound since the last change.
+                if !effective.compute_gpus.is_empty() || !effective.compute_cap_gpus.is_empty() {
+                    l.refresh_compute(&effective);
+                }
+                effective.memory_bytes
+            })
             .collect();
         (limited, statics)
     };

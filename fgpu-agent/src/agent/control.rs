@@ -130,6 +130,8 @@ pub fn own_status(state: &State, cgroup: &str) -> StatusReport {
             row.memory_limit_gpus = effective.memory_gpus.clone();
             row.compute_share_pct = effective.compute_pct;
             row.compute_cap_pct = effective.compute_cap_pct;
+            row.compute_share_gpus = effective.compute_gpus.clone();
+            row.compute_cap_gpus = effective.compute_cap_gpus.clone();
             row
         });
     StatusReport {
@@ -166,8 +168,18 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
         let uuid = super::gpusel::resolve(&state.gpus.devices, gpu)?;
         limit.memory_gpus.insert(uuid, *bytes);
     }
+    let given = std::mem::take(&mut limit.compute_gpus);
+    for (gpu, pct) in given.iter().chain(&req.compute_gpus) {
+        let uuid = super::gpusel::resolve(&state.gpus.devices, gpu)?;
+        limit.compute_gpus.insert(uuid, *pct);
+    }
+    let given = std::mem::take(&mut limit.compute_cap_gpus);
+    for (gpu, pct) in given.iter().chain(&req.compute_cap_gpus) {
+        let uuid = super::gpusel::resolve(&state.gpus.devices, gpu)?;
+        limit.compute_cap_gpus.insert(uuid, *pct);
+    }
     let clear = super::gpusel::resolve_all(&state.gpus.devices, &req.clear_gpus)?;
-    if let Some(uuid) = clear.iter().find(|u| limit.memory_gpus.contains_key(*u)) {
+    if let Some(uuid) = clear.iter().find(|u| limit.names_gpu(u)) {
         bail!(
             "{} is both set and removed in one request",
             super::gpusel::describe(&state.gpus.devices, uuid)
@@ -179,13 +191,10 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
     let cgroup = targets::resolve(&req.target, &state.cgroup2_mount)?;
     if !clear.is_empty() {
         let store = state.limits.lock().expect("limits lock");
-        let own = store.own(&cgroup).map(|l| &l.memory_gpus);
-        if let Some(missing) = clear
-            .iter()
-            .find(|u| own.is_none_or(|m| !m.contains_key(*u)))
-        {
+        let own = store.own(&cgroup);
+        if let Some(missing) = clear.iter().find(|u| own.is_none_or(|l| !l.names_gpu(u))) {
             bail!(
-                "{cgroup} has no memory limit of its own on {} (see `fgpu limit get {cgroup}`)",
+                "{cgroup} has no limit of its own on {} (see `fgpu limit get {cgroup}`)",
                 super::gpusel::describe(&state.gpus.devices, missing)
             );
         }
@@ -216,6 +225,8 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
         cleared_gpus = ?clear,
         compute_pct = limit.compute_pct,
         compute_cap_pct = limit.compute_cap_pct,
+        compute_gpus = ?limit.compute_gpus,
+        compute_cap_gpus = ?limit.compute_cap_gpus,
         door = caller.door.name(),
         uid = caller.peer.uid,
         pid = caller.peer.pid,
@@ -316,13 +327,24 @@ fn validate(state: &State, limit: &Limit) -> Result<()> {
             );
         }
     }
-    for (name, pct) in [
-        ("--compute", limit.compute_pct),
-        ("--compute-cap", limit.compute_cap_pct),
+    let per_gpu = |m: &std::collections::BTreeMap<String, u8>| -> Vec<Option<u8>> {
+        m.values().map(|p| Some(*p)).collect()
+    };
+    for (name, pcts) in [
+        (
+            "--compute",
+            [vec![limit.compute_pct], per_gpu(&limit.compute_gpus)].concat(),
+        ),
+        (
+            "--compute-cap",
+            [
+                vec![limit.compute_cap_pct],
+                per_gpu(&limit.compute_cap_gpus),
+            ]
+            .concat(),
+        ),
     ] {
-        if let Some(p) = pct
-            && !(1..=100).contains(&p)
-        {
+        if let Some(p) = pcts.into_iter().flatten().find(|p| !(1..=100).contains(p)) {
             bail!("{name} {p}% is out of range: give 1-100%");
         }
     }

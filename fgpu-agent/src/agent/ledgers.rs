@@ -17,6 +17,11 @@ use fgpu_common::ledger::{Ledger, MAX_DEVICES, NO_LIMIT, uuid_key};
 
 use crate::api::Limit;
 
+/// A share or ceiling that gates launches (1-99; 0 and 100 do not).
+fn gated_pct(p: u32) -> bool {
+    (1..100).contains(&p)
+}
+
 /// One cgroup's ledger, mapped into the agent.
 pub struct CgroupLedger {
     pub cgroup: String,
@@ -97,24 +102,77 @@ impl CgroupLedger {
                 memory.unwrap_or(NO_LIMIT),
                 std::sync::atomic::Ordering::SeqCst,
             );
-            d.compute_share.store(
-                u32::from(limit.compute_pct.unwrap_or(0)),
-                std::sync::atomic::Ordering::SeqCst,
-            );
-            d.compute_cap.store(
-                u32::from(limit.compute_cap_pct.unwrap_or(0)),
-                std::sync::atomic::Ordering::SeqCst,
-            );
         }
+        self.apply_compute(limit);
         // A gated device starts closed: the controller grants turns (docs/compute.md).
-        let gated = |p: Option<u8>| p.is_some_and(|p| (1..100).contains(&p));
-        if gated(limit.compute_pct) || gated(limit.compute_cap_pct) {
-            for t in &l.turns {
+        for (d, t) in l.devices.iter().zip(&l.turns) {
+            let (share, cap) = (
+                d.compute_share.load(std::sync::atomic::Ordering::SeqCst),
+                d.compute_cap.load(std::sync::atomic::Ordering::SeqCst),
+            );
+            if gated_pct(share) || gated_pct(cap) {
                 t.set(TURN_CLOSED);
             }
         }
         l.generation
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Writes each device record's compute share and ceiling: its GPU's per-GPU value, else
+    /// the plain one (a record no shim has bound to a GPU yet: the plain one; the budget
+    /// refresh writes it again once bound). A record that becomes gated here starts with its
+    /// turn closed. Returns whether anything changed (the caller bumps the generation).
+    pub fn apply_compute(&self, limit: &Limit) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let keyed = |m: &std::collections::BTreeMap<String, u8>| -> Vec<(u64, u8)> {
+            m.iter()
+                .filter_map(|(u, p)| Some((uuid_key(&uuid_bytes(u)?), *p)))
+                .collect()
+        };
+        let (shares, caps) = (keyed(&limit.compute_gpus), keyed(&limit.compute_cap_gpus));
+        let pick = |per: &[(u64, u8)], key: u64, plain: Option<u8>| {
+            let own = per
+                .iter()
+                .find(|(k, _)| key != 0 && *k == key)
+                .map(|(_, p)| *p);
+            u32::from(own.or(plain).unwrap_or(0))
+        };
+        let l = &self.ledger().limits;
+        let mut changed = false;
+        for ((d, rec), t) in l
+            .devices
+            .iter()
+            .zip(&self.ledger().usage.devices)
+            .zip(&l.turns)
+        {
+            let key = rec.key.load(SeqCst);
+            let share = pick(&shares, key, limit.compute_pct);
+            let cap = pick(&caps, key, limit.compute_cap_pct);
+            let (was_share, was_cap) = (
+                d.compute_share.swap(share, SeqCst),
+                d.compute_cap.swap(cap, SeqCst),
+            );
+            if (was_share, was_cap) != (share, cap) {
+                changed = true;
+                if !(gated_pct(was_share) || gated_pct(was_cap))
+                    && (gated_pct(share) || gated_pct(cap))
+                {
+                    t.set(TURN_CLOSED);
+                }
+            }
+        }
+        changed
+    }
+
+    /// [`Self::apply_compute`] for records bound since the last change; bumps the
+    /// generation (shims re-read their compute settings) if anything changed.
+    pub fn refresh_compute(&self, limit: &Limit) {
+        if self.apply_compute(limit) {
+            self.ledger()
+                .limits
+                .generation
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     /// Writes per-device memory limits (the hierarchical budgets of [`super::budget`],

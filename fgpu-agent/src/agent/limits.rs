@@ -91,6 +91,17 @@ impl LimitStore {
                 out.memory_gpus.insert(uuid.clone(), m);
             }
         }
+        // Compute per GPU: from the nearest cgroup with a value there (per-GPU or plain).
+        for uuid in chain.iter().flat_map(|l| l.compute_gpus.keys()) {
+            if let Some(p) = chain.iter().find_map(|l| l.compute_on(uuid)) {
+                out.compute_gpus.insert(uuid.clone(), p);
+            }
+        }
+        for uuid in chain.iter().flat_map(|l| l.compute_cap_gpus.keys()) {
+            if let Some(p) = chain.iter().find_map(|l| l.compute_cap_on(uuid)) {
+                out.compute_cap_gpus.insert(uuid.clone(), p);
+            }
+        }
         (out, memory_from)
     }
 
@@ -103,24 +114,29 @@ impl LimitStore {
         entry.compute_pct = update.compute_pct.or(entry.compute_pct);
         entry.compute_cap_pct = update.compute_cap_pct.or(entry.compute_cap_pct);
         entry.memory_gpus.extend(update.memory_gpus.clone());
+        entry.compute_gpus.extend(update.compute_gpus.clone());
+        entry
+            .compute_cap_gpus
+            .extend(update.compute_cap_gpus.clone());
         let result = entry.clone();
         self.commit(next)?;
         Ok(result)
     }
 
-    /// Removes the per-GPU memory values of `uuids` from `cgroup`'s own limit (a limit left
-    /// with nothing set is removed). Returns the new own limit, or `None` if the cgroup had
-    /// none of those values (nothing is changed then).
+    /// Removes the per-GPU values (memory, compute share and ceiling) of `uuids` from
+    /// `cgroup`'s own limit (a limit left with nothing set is removed). Returns the new own
+    /// limit, or `None` if the cgroup had none of those values (nothing is changed then).
     pub fn clear_gpus(&mut self, cgroup: &str, uuids: &[String]) -> Result<Option<Limit>> {
         let mut next = self.limits.clone();
         let Some(entry) = next.get_mut(cgroup) else {
             return Ok(None);
         };
-        let before = entry.memory_gpus.len();
-        entry.memory_gpus.retain(|u, _| !uuids.contains(u));
-        if entry.memory_gpus.len() == before {
+        if !uuids.iter().any(|u| entry.names_gpu(u)) {
             return Ok(None);
         }
+        entry.memory_gpus.retain(|u, _| !uuids.contains(u));
+        entry.compute_gpus.retain(|u, _| !uuids.contains(u));
+        entry.compute_cap_gpus.retain(|u, _| !uuids.contains(u));
         let result = entry.clone();
         if result == Limit::default() {
             next.remove(cgroup);
@@ -254,6 +270,63 @@ mod tests {
         assert!(s.remove("/a").unwrap().is_some());
         assert!(s.remove("/a").unwrap().is_none());
         assert!(LimitStore::open(&d).unwrap().own("/a").is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn per_gpu_compute_comes_from_the_nearest_cgroup_with_a_value_there() {
+        let d = dir();
+        let mut s = LimitStore::open(&d).unwrap();
+        let share_on = |uuid: &str, p: u8| Limit {
+            compute_gpus: BTreeMap::from([(uuid.to_string(), p)]),
+            ..Limit::default()
+        };
+        s.set(
+            "/pod",
+            &Limit {
+                compute_pct: Some(50),
+                compute_cap_gpus: BTreeMap::from([("GPU-1".to_string(), 40)]),
+                ..Limit::default()
+            },
+        )
+        .unwrap();
+        s.set("/pod/job", &share_on("GPU-1", 30)).unwrap();
+        let (eff, _) = s.effective("/pod/job/x");
+        assert_eq!(
+            eff.compute_pct,
+            Some(50),
+            "the parent's plain share elsewhere"
+        );
+        assert_eq!(eff.compute_gpus, BTreeMap::from([("GPU-1".into(), 30)]));
+        assert_eq!(eff.compute_on("GPU-0"), Some(50));
+        assert_eq!(
+            eff.compute_cap_on("GPU-1"),
+            Some(40),
+            "the parent's cap on GPU 1"
+        );
+        // A nearer plain value wins over an ancestor's per-GPU one.
+        s.set(
+            "/pod/job/x",
+            &Limit {
+                compute_pct: Some(60),
+                ..Limit::default()
+            },
+        )
+        .unwrap();
+        let (eff, _) = s.effective("/pod/job/x");
+        assert_eq!(eff.compute_on("GPU-1"), Some(60));
+        // Clearing GPU 1 on the job takes its per-GPU share away, nothing else.
+        let left = s.clear_gpus("/pod/job", &["GPU-1".into()]).unwrap();
+        assert_eq!(left, Some(Limit::default()));
+        assert!(
+            s.own("/pod/job").is_none(),
+            "nothing else was set: the job's limit is gone"
+        );
+        assert!(
+            s.clear_gpus("/pod/job", &["GPU-1".into()])
+                .unwrap()
+                .is_none()
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 

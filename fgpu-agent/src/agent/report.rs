@@ -86,6 +86,8 @@ impl State {
             let (effective, from) = limits.effective(&row.cgroup);
             row.compute_share_pct = effective.compute_pct;
             row.compute_cap_pct = effective.compute_cap_pct;
+            row.compute_share_gpus = effective.compute_gpus.clone();
+            row.compute_cap_gpus = effective.compute_cap_gpus.clone();
             let figures = compute.get(&row.cgroup);
             row.compute_used_pct = figures.map(|f| (f.used_pct * 10.0).round() / 10.0);
             row.compute_turn_pct = figures.map(|f| (f.turn_pct * 10.0).round() / 10.0);

@@ -43,6 +43,7 @@ enum LimitCommand {
     ///   fgpu limit set container:3f2a --memory 8GiB            (8 GiB on every GPU)
     ///   fgpu limit set container:3f2a --memory 1GiB --gpu 1    (1 GiB on GPU 1 only)
     ///   fgpu limit set pod:ml/train --memory 40GiB --gpu 0 --gpu GPU-5e1a
+    ///   fgpu limit set container:3f2a --compute 30 --gpu 1     (a 30% share on GPU 1 only)
     #[command(verbatim_doc_comment)]
     Set {
         #[arg(help = TARGET_HELP)]
@@ -51,12 +52,13 @@ enum LimitCommand {
         /// GPUs of --gpu only).
         #[arg(long, value_name = "SIZE", value_parser = size)]
         memory: Option<u64>,
-        /// Set --memory on this GPU only (repeat for several): its NVML index as
-        /// `nvidia-smi` shows it (0, 1, ...; not a container's CUDA_VISIBLE_DEVICES order),
-        /// its UUID (GPU-5e1a...) or a prefix of the UUID that only this GPU has. MIG
-        /// instances are not supported. An unknown or ambiguous GPU is an error that lists
-        /// the node's GPUs, and nothing changes. Remove with `fgpu limit rm TARGET --gpu X`.
-        #[arg(long = "gpu", value_name = "INDEX|UUID", requires = "memory")]
+        /// Set the values given (--memory, --compute, --compute-cap) on this GPU only
+        /// (repeat for several): its NVML index as `nvidia-smi` shows it (0, 1, ...; not a
+        /// container's CUDA_VISIBLE_DEVICES order), its UUID (GPU-5e1a...) or a prefix of
+        /// the UUID that only this GPU has. MIG instances are not supported. An unknown or
+        /// ambiguous GPU is an error that lists the node's GPUs, and nothing changes.
+        /// Remove with `fgpu limit rm TARGET --gpu X`.
+        #[arg(long = "gpu", value_name = "INDEX|UUID")]
         gpus: Vec<String>,
         /// Guaranteed share of the GPU's compute time, e.g. 30%.
         #[arg(long, value_name = "PCT", value_parser = pct)]
@@ -78,13 +80,13 @@ enum LimitCommand {
         json: bool,
     },
     /// Remove a cgroup's own limits (it then inherits its ancestors', if any); with --gpu,
-    /// only its memory limit on those GPUs (they fall back to its plain limit, if any).
+    /// only its per-GPU values on those GPUs (they fall back to its plain ones, if any).
     #[command(visible_alias = "clear")]
     Rm {
         #[arg(help = TARGET_HELP)]
         target: String,
-        /// Remove only the per-GPU memory limit on this GPU (an index, UUID or unique UUID
-        /// prefix, as for `limit set --gpu`); repeat for several.
+        /// Remove only the per-GPU values (memory, compute) on this GPU (an index, UUID or
+        /// unique UUID prefix, as for `limit set --gpu`); repeat for several.
         #[arg(long = "gpu", value_name = "INDEX|UUID")]
         gpus: Vec<String>,
     },
@@ -114,23 +116,34 @@ pub fn run(args: &LimitArgs) -> Result<()> {
             if memory.is_none() && compute.is_none() && compute_cap.is_none() {
                 anyhow::bail!("nothing to set: give --memory, --compute or --compute-cap");
             }
-            // With --gpu the value goes per GPU, as written; the agent resolves the GPUs.
-            let (plain, per_gpu) = match memory {
-                Some(m) if !gpus.is_empty() => {
-                    (None, gpus.iter().map(|g| (g.clone(), *m)).collect())
+            // With --gpu every value given goes per GPU, as written; the agent resolves the
+            // GPUs. The plain fields stay unset then (an agent without per-GPU limits
+            // refuses the request instead of applying the values to every GPU).
+            let req = if gpus.is_empty() {
+                LimitSetRequest {
+                    target: crate::k8s::target::resolve(target)?,
+                    limit: Limit {
+                        memory_bytes: *memory,
+                        compute_pct: *compute,
+                        compute_cap_pct: *compute_cap,
+                        ..Limit::default()
+                    },
+                    ..LimitSetRequest::default()
                 }
-                m => (*m, Default::default()),
-            };
-            let req = LimitSetRequest {
-                target: crate::k8s::target::resolve(target)?,
-                limit: Limit {
-                    memory_bytes: plain,
-                    compute_pct: *compute,
-                    compute_cap_pct: *compute_cap,
-                    ..Limit::default()
-                },
-                memory_gpus: per_gpu,
-                ..LimitSetRequest::default()
+            } else {
+                let each = |v: Option<u8>| -> std::collections::BTreeMap<String, u8> {
+                    v.map(|p| gpus.iter().map(|g| (g.clone(), p)).collect())
+                        .unwrap_or_default()
+                };
+                LimitSetRequest {
+                    target: crate::k8s::target::resolve(target)?,
+                    memory_gpus: memory
+                        .map(|m| gpus.iter().map(|g| (g.clone(), m)).collect())
+                        .unwrap_or_default(),
+                    compute_gpus: each(*compute),
+                    compute_cap_gpus: each(*compute_cap),
+                    ..LimitSetRequest::default()
+                }
             };
             let entry: LimitEntry = parse(&ask(Kind::LimitSet, serde_json::to_vec(&req)?)?)?;
             print!("{}", table(&[entry]));
@@ -166,7 +179,7 @@ pub fn run(args: &LimitArgs) -> Result<()> {
             };
             let entry: LimitEntry = parse(&ask(Kind::LimitSet, serde_json::to_vec(&req)?)?)?;
             println!(
-                "removed the per-GPU memory limits of {} on {}",
+                "removed the per-GPU limits of {} on {}",
                 entry.cgroup,
                 gpus.join(", ")
             );
@@ -226,6 +239,24 @@ pub fn table(entries: &[LimitEntry]) -> String {
             "{:<width$}  {memory:>10}  {compute:>8}  {cap:>8}  {note}",
             e.cgroup
         );
+        // Per-GPU compute settings, one line each under the cgroup's row.
+        let gpus: std::collections::BTreeSet<&String> = e
+            .effective
+            .compute_gpus
+            .keys()
+            .chain(e.effective.compute_cap_gpus.keys())
+            .collect();
+        for uuid in gpus {
+            let show = |p: Option<u8>| p.map_or("-".into(), |p| format!("{p}%"));
+            let _ = writeln!(
+                out,
+                "{:<width$}  {:>10}  {:>8}  {:>8}  on {uuid}",
+                "",
+                "",
+                show(e.effective.compute_on(uuid)),
+                show(e.effective.compute_cap_on(uuid)),
+            );
+        }
         // Per-GPU memory limits, one line each under the cgroup's row.
         for (uuid, bytes) in &e.effective.memory_gpus {
             let own = if e.own.memory_on(uuid) == Some(*bytes) {

@@ -17,7 +17,8 @@ pub struct StatusArgs {
     /// memory_used_bytes, memory_limit_bytes, memory_limit_gpus (per-GPU limits by UUID),
     /// alloc_denied, over_limit_actions, devices (per GPU: device, uuid, memory_used_bytes,
     /// limit_bytes, allocs, frees),
-    /// compute_share_pct, compute_cap_pct, compute_turn_pct (device time held in turns: what a
+    /// compute_share_pct, compute_cap_pct (and compute_share_gpus, compute_cap_gpus: per-GPU
+    /// values by UUID), compute_turn_pct (device time held in turns: what a
     /// share is a share of), compute_corun, compute_used_pct (measured GPU time),
     /// compute_nvml_pct, container_id: the container whose cgroup it is; pod: its Kubernetes
     /// pod, `namespace/name` where an fgpu DRA claim names it).
@@ -107,7 +108,9 @@ pub fn table(report: &StatusReport) -> String {
         } else {
             "per GPU".to_string()
         };
+        let per_gpu_compute = !c.compute_share_gpus.is_empty() || !c.compute_cap_gpus.is_empty();
         let compute = match (c.compute_share_pct, c.compute_cap_pct) {
+            _ if per_gpu_compute => "per GPU".to_string(),
             (None, None) => "-".to_string(),
             (Some(s), None) => format!("{s}%"),
             (None, Some(k)) => format!("cap {k}%"),
@@ -145,7 +148,7 @@ pub fn table(report: &StatusReport) -> String {
             for d in &c.devices {
                 let _ = writeln!(
                     out,
-                    "{:<width$}  {:<12}  {:<16}  {:>10}  {:>10}",
+                    "{:<width$}  {:<cwidth$}  {:<16}  {:>10}  {:>10}",
                     format!("  GPU {}", d.device),
                     "",
                     d.uuid.as_deref().unwrap_or("-"),
@@ -153,6 +156,28 @@ pub fn table(report: &StatusReport) -> String {
                     d.limit_bytes
                         .map_or_else(|| "-".to_string(), |l| Size(l).to_string()),
                 );
+            }
+        }
+        if per_gpu_compute {
+            let uuids: std::collections::BTreeSet<&String> = c
+                .compute_share_gpus
+                .keys()
+                .chain(c.compute_cap_gpus.keys())
+                .collect();
+            for uuid in uuids {
+                let share = c
+                    .compute_share_gpus
+                    .get(uuid)
+                    .copied()
+                    .or(c.compute_share_pct);
+                let cap = c.compute_cap_gpus.get(uuid).copied().or(c.compute_cap_pct);
+                let setting = match (share, cap) {
+                    (None, None) => "-".to_string(),
+                    (Some(s), None) => format!("{s}%"),
+                    (None, Some(k)) => format!("cap {k}%"),
+                    (Some(s), Some(k)) => format!("{s}% cap {k}%"),
+                };
+                let _ = writeln!(out, "{:<width$}  compute on {uuid}: {setting}", "");
             }
         }
     }

@@ -294,6 +294,11 @@ impl Load {
         }
     }
 
+    /// Ends `hold` by closing stdin, without waiting (several loads start together).
+    pub fn release(&mut self) {
+        drop(self.child.stdin.take());
+    }
+
     /// Ends `hold` by closing stdin, and waits for the exit status.
     pub fn finish(mut self) -> std::process::ExitStatus {
         drop(self.child.stdin.take());
