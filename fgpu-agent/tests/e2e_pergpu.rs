@@ -347,7 +347,7 @@ fn privileged_per_gpu_memory_limits_stop_at_each_gpus_own_limit() {
     let out = agent.cli(&["limit", "clear", &two.path, "--gpu", "0"]);
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("no memory limit of its own on GPU 0"),
+        String::from_utf8_lossy(&out.stderr).contains("no limit of its own on GPU 0"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

@@ -11,6 +11,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+use std::collections::BTreeMap;
 
 use super::labels;
 use crate::agent::gpus::Gpu;
@@ -178,6 +179,37 @@ impl SampleCollector {
             .collect()
     }
 
+    /// A compute setting as a ratio: one series per cgroup, or with per-GPU values one per
+    /// GPU of the node (gpu and UUID labels; the plain value on GPUs without their own).
+    fn per_gpu_compute(
+        &self,
+        pick: impl Fn(&CgroupStatus) -> (&BTreeMap<String, u8>, Option<u8>),
+    ) -> Vec<(Labels, f64)> {
+        let ratio = |p: u8| f64::from(p) / 100.0;
+        self.rows()
+            .iter()
+            .flat_map(|r| -> Vec<(Labels, f64)> {
+                let (per_gpu, plain) = pick(r);
+                if per_gpu.is_empty() {
+                    return plain
+                        .map(|p| (self.cgroup(&r.cgroup), ratio(p)))
+                        .into_iter()
+                        .collect();
+                }
+                self.0
+                    .gpus
+                    .iter()
+                    .filter_map(|g| {
+                        let p = per_gpu.get(&g.uuid).copied().or(plain)?;
+                        let mut l = self.cgroup(&r.cgroup);
+                        l.extend(self.gpu(g.index));
+                        Some((l, ratio(p)))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     fn encode_cgroups(&self, enc: &mut DescriptorEncoder<'_>) -> std::fmt::Result {
         bytes(
             "cgroup_memory_used",
@@ -200,11 +232,27 @@ impl SampleCollector {
         .gauges(enc, self.per_cgroup(|r| Some(r.memory_subtree_bytes as f64)))?;
         bytes(
             "cgroup_memory_limit",
-            "The memory limit that applies to the cgroup on each device (its own or an ancestor's); absent when none does",
+            "The memory limit that applies to the cgroup on each device (its own or an ancestor's); with per-GPU limits one series per GPU (gpu and UUID labels); absent when none does",
         )
         .gauges(
             enc,
-            self.per_cgroup(|r| r.memory_limit_bytes.map(|b| b as f64)),
+            self.rows().iter().flat_map(|r| -> Vec<(Labels, f64)> {
+                if r.memory_limit_gpus.is_empty() {
+                    return r
+                        .memory_limit_bytes
+                        .map(|b| (self.cgroup(&r.cgroup), b as f64))
+                        .into_iter()
+                        .collect();
+                }
+                r.devices
+                    .iter()
+                    .filter_map(|d| {
+                        let mut l = self.cgroup(&r.cgroup);
+                        l.extend(self.gpu(d.device));
+                        Some((l, d.limit_bytes? as f64))
+                    })
+                    .collect()
+            }),
         )?;
         fam(
             "cgroup_processes",
@@ -251,7 +299,7 @@ impl SampleCollector {
         )
         .gauges(
             enc,
-            self.per_cgroup(|r| r.compute_share_pct.map(|p| f64::from(p) / 100.0)),
+            self.per_gpu_compute(|r| (&r.compute_share_gpus, r.compute_share_pct)),
         )?;
         fam(
             "cgroup_compute_cap_ratio",
@@ -259,7 +307,7 @@ impl SampleCollector {
         )
         .gauges(
             enc,
-            self.per_cgroup(|r| r.compute_cap_pct.map(|p| f64::from(p) / 100.0)),
+            self.per_gpu_compute(|r| (&r.compute_cap_gpus, r.compute_cap_pct)),
         )?;
         fam(
             "cgroup_compute_used_ratio",

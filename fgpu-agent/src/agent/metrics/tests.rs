@@ -217,3 +217,58 @@ fn metric_names(expr: &str) -> Vec<String> {
     }
     out
 }
+
+#[test]
+fn per_gpu_limits_and_shares_are_series_per_gpu() {
+    let path = "/team/job";
+    let (u0, u1) = (gpu(0).uuid, gpu(1).uuid);
+    let mut r = row(path, 1 << 30, None, 0);
+    r.memory_limit_gpus = [(u1.clone(), 1 << 30)].into();
+    r.devices = vec![
+        DeviceUsage {
+            device: 0,
+            uuid: Some(u0.clone()),
+            memory_used_bytes: 0,
+            limit_bytes: None,
+            allocs: 0,
+            frees: 0,
+        },
+        DeviceUsage {
+            device: 1,
+            uuid: Some(u1.clone()),
+            memory_used_bytes: 1 << 30,
+            limit_bytes: Some(1 << 30),
+            allocs: 1,
+            frees: 0,
+        },
+    ];
+    r.compute_share_pct = None;
+    r.compute_share_gpus = [(u1.clone(), 30)].into();
+    let text = encode(sample(vec![r]));
+    let base = format!(r#"cgroup="{path}",Hostname="node-1""#);
+    let on = |i: u32, u: &str| format!(r#"{base},gpu="{i}",UUID="{u}""#);
+    for want in [
+        format!(
+            "fgpu_cgroup_memory_limit_bytes{{{}}} 1073741824.0",
+            on(1, &u1)
+        ),
+        format!("fgpu_cgroup_compute_share_ratio{{{}}} 0.3", on(1, &u1)),
+    ] {
+        assert!(
+            series(&text).contains(&want.as_str()),
+            "missing {want} in\n{text}"
+        );
+    }
+    // No limit and no share on GPU 0, and no series without a GPU for either.
+    for absent in [
+        format!("fgpu_cgroup_memory_limit_bytes{{{}}}", on(0, &u0)),
+        format!("fgpu_cgroup_memory_limit_bytes{{{base}}}"),
+        format!("fgpu_cgroup_compute_share_ratio{{{}}}", on(0, &u0)),
+        format!("fgpu_cgroup_compute_share_ratio{{{base}}}"),
+    ] {
+        assert!(
+            !series(&text).iter().any(|l| l.starts_with(&absent)),
+            "unexpected {absent} in\n{text}"
+        );
+    }
+}
