@@ -125,7 +125,16 @@ worker() {
   elif [ "$mode" = fgpu-local ]; then
     envs=(env LD_PRELOAD="$SHIM" FGPU_SOCKET=/nonexistent FGPU_COMPUTE_SHARE=99 FGPU_LOG=info)
   else envs=(env -u LD_PRELOAD -u FGPU_SOCKET -u FGPU_LOG); fi
-  in_container "$t" timeout -k 5 $((120 + warm + secs)) "${envs[@]}" "$PY" "$HERE/workloads.py" "$role" \
+  # PIN=1: every workload on CPUs of its own, the same alone and in a mix (the machine's
+  # vCPUs differ in speed and change; a role's runs alone and gated then share their CPUs).
+  local -a pin=()
+  if [ -n "${PIN:-}" ]; then
+    case $role in
+      decoder) pin=(taskset -c 2,3) ;; cnn) pin=(taskset -c 4-7) ;; attn) pin=(taskset -c 8,9) ;;
+      graph) pin=(taskset -c 10,11) ;; *) pin=(taskset -c 12-15) ;;
+    esac
+  fi
+  in_container "$t" "${pin[@]}" timeout -k 5 $((120 + warm + secs)) "${envs[@]}" "$PY" "$HERE/workloads.py" "$role" \
     --seconds "$secs" --warmup "$warm" --ready "$WORK/$phase.$t.$n.ready" --go "$go" \
     ${TRACE:+--trace "$OUT/$phase-$t-$n.trace.json"} \
     > "$OUT/$phase-$t-$n.log" 2>&1 &
@@ -270,6 +279,7 @@ if want ab; then # the same, interleaved with bare runs (b has no limit) under t
     [ -n "${AB_LOCAL:-}" ] && phase "ab${abn[$r]}-local-$r" "a:$r:fgpu-local"
   done
 fi
+# PIN=1 (see worker): each workload on fixed CPUs.
 # BRACKET=1: after each two-tenant mix, its workloads alone again without fgpu (in container
 # c, which has no setting then): the report takes each share against the nearest run alone
 # before and after it (the machine's speed drifts by 10-40% through a run).
