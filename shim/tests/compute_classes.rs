@@ -19,7 +19,7 @@ mod common;
 
 use common::agent::*;
 use common::field;
-use fgpu_common::ledger::{Ledger, MAX_DEVICES};
+use common::tenants::{Moment, progress, rate_between, usage_of, wait_for};
 use fgpu_testkit::{Cgroup, mono_ns, privileged, unique};
 use std::time::Duration;
 
@@ -322,104 +322,6 @@ fn privileged_a_latency_bound_tenant_is_served_promptly() {
         row["compute_corun"], true,
         "status says it co-runs: {status}"
     );
-}
-
-/// The usage memfd a process of a tenant holds, mapped read-only as the usage part of a
-/// ledger (the limits page is not mapped: only `usage` and `slots` may be read).
-fn usage_of(pid: u32) -> &'static Ledger {
-    let fd_dir = format!("/proc/{pid}/fd");
-    let path = std::fs::read_dir(&fd_dir)
-        .unwrap_or_else(|e| panic!("{fd_dir}: {e}"))
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .find(|p| {
-            std::fs::read_link(p)
-                .is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:fgpu-usage"))
-        })
-        .unwrap_or_else(|| panic!("process {pid} holds no usage memfd"));
-    let f = std::fs::File::open(&path).expect("opening the usage memfd");
-    use std::os::fd::AsRawFd;
-    let size = fgpu_common::ledger::LEDGER_SIZE;
-    // SAFETY: a fresh reservation of the ledger's size, then the usage memfd mapped
-    // read-only over its part after the first page; never unmapped (leaked for the test).
-    unsafe {
-        let base = libc::mmap(
-            std::ptr::null_mut(),
-            size,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        );
-        assert_ne!(base, libc::MAP_FAILED);
-        let page = fgpu_common::ledger::PAGE;
-        let u = libc::mmap(
-            base.cast::<u8>().add(page).cast(),
-            size - page,
-            libc::PROT_READ,
-            libc::MAP_SHARED | libc::MAP_FIXED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(u, libc::MAP_FAILED);
-        &*(base as *const Ledger)
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Moment {
-    /// A thread of it waits for a turn.
-    Waiting,
-    /// It holds the turn and has batches in flight.
-    Holding,
-}
-
-/// Waits (up to 5 s) until the tenant's only process is at `m`, as its own slot says.
-fn wait_for(l: &Ledger, m: Moment) -> bool {
-    let deadline = mono_ns() + 5_000_000_000;
-    let at = |l: &Ledger| {
-        let mut waiting = false;
-        let mut inflight = false;
-        for s in &l.slots[..l.slots_in_range()] {
-            for c in &s.compute[..MAX_DEVICES] {
-                waiting |= c.wait_beat.load(std::sync::atomic::Ordering::SeqCst) != 0;
-                inflight |= c.inflight.load(std::sync::atomic::Ordering::SeqCst) > 0;
-            }
-        }
-        match m {
-            Moment::Waiting => waiting,
-            Moment::Holding => !waiting && inflight,
-        }
-    };
-    while mono_ns() < deadline {
-        if at(l) {
-            std::thread::sleep(Duration::from_micros(300));
-            if at(l) {
-                return true;
-            }
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
-    false
-}
-
-/// (mono ms, steps) of every `steps-at` line.
-fn progress(lines: &[String]) -> Vec<(u64, u64)> {
-    lines
-        .iter()
-        .filter(|l| l.starts_with("steps-at"))
-        .map(|l| (field(l, "mono_ms"), field(l, "steps")))
-        .collect()
-}
-
-/// Steps per second over [from, to] (mono ms), from progress samples.
-fn rate_between(p: &[(u64, u64)], from: u64, to: u64) -> f64 {
-    let first = p.iter().find(|&&(t, _)| t >= from).copied();
-    let last = p.iter().rev().find(|&&(t, _)| t <= to).copied();
-    match (first, last) {
-        (Some((t0, s0)), Some((t1, s1))) if t1 > t0 => (s1 - s0) as f64 * 1000.0 / (t1 - t0) as f64,
-        _ => panic!("no progress samples between {from} and {to}: {p:?}"),
-    }
 }
 
 /// The workload process of a tenant (in its cgroup, not the `unshare` that started it).

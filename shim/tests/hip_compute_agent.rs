@@ -158,3 +158,90 @@ fn privileged_a_cap_set_later_reaches_an_ungated_running_hip_process() {
     // 0.2 s at 100 %, then 2.8 s at 30 %: about 35 %.
     assert!((28.0..=42.0).contains(&after), "{ctx}");
 }
+
+/// A HIP tenant SIGKILLed while it waits for a turn, and while it holds one with batches in
+/// flight (found by reading its own slot), never holds its CUDA neighbour off the device:
+/// the neighbour is back at ≥ 90% of its solo rate from 200 ms after the kill, and a new HIP
+/// process in the killed container gets its share (50 ± 5) next to it.
+#[test]
+fn privileged_a_killed_hip_tenant_never_stalls_its_cuda_neighbour() {
+    if !privileged() {
+        return;
+    }
+    let (w, bin) = hip_world("hipkill");
+    let agent = w.agent();
+    let env = [("FGPU_LOG", "info")];
+    let steps = |ms: &'static str| ["hold", "steps-for", ms, "10", "sleep_1000us", "0"];
+    // The neighbour's solo rate (CUDA, no setting: not gated).
+    let solo_cg = Cgroup::new(&unique("fgpu-hipkill-solo"));
+    let mut p = w.load(&solo_cg, &env, &steps("2000"));
+    p.expect("ready");
+    let f = p.finish();
+    let pr = progress(&f.lines);
+    let alone = rate_between(&pr, pr[0].0 + 200, pr[pr.len() - 1].0);
+    for m in [Moment::Waiting, Moment::Holding] {
+        let a = Cgroup::new(&unique("fgpu-hipkill-a"));
+        let b = Cgroup::new(&unique("fgpu-hipkill-b"));
+        w.set_limits(&a, &["--compute", "50"]);
+        w.set_limits(&b, &["--compute", "50"]);
+        let hip = |cg: &Cgroup, ms: &str| {
+            let mut p =
+                Proc::start(w.command(cg, &env, &bin, &["hold", "launch-for", ms, "sleep_1000us"]));
+            p.expect("ready");
+            p
+        };
+        let mut victim = hip(&a, "20000");
+        let mut nb = w.load(&b, &env, &steps("6000"));
+        nb.expect("ready");
+        victim.release();
+        nb.release();
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+        let pid = a
+            .procs()
+            .into_iter()
+            .find(|&p| p != victim.pid())
+            .expect("the HIP workload in its cgroup");
+        assert!(
+            wait_for(usage_of(pid), m),
+            "the HIP tenant never seen {m:?}\nagent log:\n{}",
+            agent.log_text()
+        );
+        // SAFETY: signalling the test's own workload process.
+        assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+        let t_kill = mono_ns() / 1_000_000;
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let mut newcomer = hip(&a, "2500");
+        newcomer.release();
+        let nf = newcomer.finish();
+        let bf = nb.finish();
+        let ctx = format!(
+            "HIP tenant killed while {m:?}\nnewcomer: {nf}\nneighbour: {bf}\nagent log:\n{}",
+            agent.log_text()
+        );
+        assert_eq!(bf.code, Some(0), "{ctx}");
+        assert_eq!(nf.code, Some(0), "{ctx}");
+        let p = progress(&bf.lines);
+        let after = rate_between(&p, t_kill + 200, t_kill + 1200);
+        let line = nf
+            .lines
+            .iter()
+            .find(|l| l.starts_with("launch-for ok"))
+            .unwrap_or_else(|| panic!("no result from the newcomer\n{ctx}"));
+        let mine = share(line);
+        println!(
+            "HIP tenant killed while {m:?}: CUDA neighbour {:.1}% of solo from 200 ms after; \
+             a new HIP process in the killed container {mine:.1}%",
+            100.0 * after / alone
+        );
+        assert!(
+            after >= 0.9 * alone,
+            "neighbour not back: {after:.1} vs {alone:.1}\n{ctx}"
+        );
+        assert!(
+            (mine - 50.0).abs() <= 5.0,
+            "the newcomer's share {mine:.1}\n{ctx}"
+        );
+        let _ = std::fs::write(a.dir.join("cgroup.kill"), "1");
+        drop(victim);
+    }
+}

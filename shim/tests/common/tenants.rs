@@ -2,9 +2,11 @@
 //! own with a compute setting, held at its start line until all are released together, and
 //! the shares they report.
 
-use super::agent::{Agent, AgentWorld, Cgroup, Proc, unique};
+use super::agent::{Agent, AgentWorld, Cgroup, Proc, mono_ns, unique};
 use super::field;
+use fgpu_common::ledger::{Ledger, MAX_DEVICES};
 use std::path::Path;
+use std::time::Duration;
 
 /// `elapsed_ms=` of a workload's result line.
 pub fn elapsed_ms(line: &str) -> f64 {
@@ -112,4 +114,104 @@ pub fn status_compute(status: &str, cgroup: &str) -> (Option<u64>, Option<f64>) 
         row["compute_share_pct"].as_u64(),
         row["compute_used_pct"].as_f64(),
     )
+}
+
+// ---- killing a tenant at a bad moment, and what its neighbour made of it ----
+
+/// The usage memfd a process of a tenant holds, mapped read-only as the usage part of a
+/// ledger (the limits page is not mapped: only `usage` and `slots` may be read).
+pub fn usage_of(pid: u32) -> &'static Ledger {
+    let fd_dir = format!("/proc/{pid}/fd");
+    let path = std::fs::read_dir(&fd_dir)
+        .unwrap_or_else(|e| panic!("{fd_dir}: {e}"))
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            std::fs::read_link(p)
+                .is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:fgpu-usage"))
+        })
+        .unwrap_or_else(|| panic!("process {pid} holds no usage memfd"));
+    let f = std::fs::File::open(&path).expect("opening the usage memfd");
+    use std::os::fd::AsRawFd;
+    let size = fgpu_common::ledger::LEDGER_SIZE;
+    // SAFETY: a fresh reservation of the ledger's size, then the usage memfd mapped
+    // read-only over its part after the first page; never unmapped (leaked for the test).
+    unsafe {
+        let base = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(base, libc::MAP_FAILED);
+        let page = fgpu_common::ledger::PAGE;
+        let u = libc::mmap(
+            base.cast::<u8>().add(page).cast(),
+            size - page,
+            libc::PROT_READ,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(u, libc::MAP_FAILED);
+        &*(base as *const Ledger)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Moment {
+    /// A thread of it waits for a turn.
+    Waiting,
+    /// It holds the turn and has batches in flight.
+    Holding,
+}
+
+/// Waits (up to 5 s) until the tenant's only process is at `m`, as its own slot says.
+pub fn wait_for(l: &Ledger, m: Moment) -> bool {
+    let deadline = mono_ns() + 5_000_000_000;
+    let at = |l: &Ledger| {
+        let mut waiting = false;
+        let mut inflight = false;
+        for s in &l.slots[..l.slots_in_range()] {
+            for c in &s.compute[..MAX_DEVICES] {
+                waiting |= c.wait_beat.load(std::sync::atomic::Ordering::SeqCst) != 0;
+                inflight |= c.inflight.load(std::sync::atomic::Ordering::SeqCst) > 0;
+            }
+        }
+        match m {
+            Moment::Waiting => waiting,
+            Moment::Holding => !waiting && inflight,
+        }
+    };
+    while mono_ns() < deadline {
+        if at(l) {
+            std::thread::sleep(Duration::from_micros(300));
+            if at(l) {
+                return true;
+            }
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    false
+}
+
+/// (mono ms, steps) of every `steps-at` line.
+pub fn progress(lines: &[String]) -> Vec<(u64, u64)> {
+    lines
+        .iter()
+        .filter(|l| l.starts_with("steps-at"))
+        .map(|l| (field(l, "mono_ms"), field(l, "steps")))
+        .collect()
+}
+
+/// Steps per second over [from, to] (mono ms), from progress samples.
+pub fn rate_between(p: &[(u64, u64)], from: u64, to: u64) -> f64 {
+    let first = p.iter().find(|&&(t, _)| t >= from).copied();
+    let last = p.iter().rev().find(|&&(t, _)| t <= to).copied();
+    match (first, last) {
+        (Some((t0, s0)), Some((t1, s1))) if t1 > t0 => (s1 - s0) as f64 * 1000.0 / (t1 - t0) as f64,
+        _ => panic!("no progress samples between {from} and {to}: {p:?}"),
+    }
 }
