@@ -9,24 +9,8 @@
 mod common;
 
 use common::agent::*;
-use common::{GIB, MIB, field, target_dir};
-use std::path::PathBuf;
+use common::{GIB, MIB, field};
 use std::time::{Duration, Instant};
-
-fn hip_world(name: &str) -> (AgentWorld, PathBuf) {
-    let w = AgentWorld::new(name);
-    let sim = target_dir().join("libfgpu_sim.so");
-    for n in ["libamdhip64.so", "librocm_smi64.so"] {
-        std::fs::copy(&sim, w.sim_dir.join(n)).unwrap();
-    }
-    let bin = target_dir().join("fgpu-sim-hip");
-    assert!(
-        bin.exists(),
-        "{} is missing: cargo build -p fgpu-sim",
-        bin.display()
-    );
-    (w, bin)
-}
 
 /// The cgroup's row of `fgpu status --json`, once `done` holds (within 5 s).
 fn wait_row(

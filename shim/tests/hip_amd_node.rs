@@ -10,7 +10,7 @@
 mod common;
 
 use common::agent::*;
-use common::{MIB, field, target_dir};
+use common::{MIB, field};
 use fgpu_testkit::agent::{AgentPaths, SimAgent};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -21,18 +21,8 @@ const UUID0: &str = "GPU-0000000000000000";
 /// An agent world without NVML (`libnvidia-ml.so.1` removed from the simulator's directory)
 /// and with the HIP runtime and ROCm SMI: (world, fgpu-sim-hip).
 fn amd_world(name: &str) -> (AgentWorld, PathBuf) {
-    let w = AgentWorld::new(name);
-    let sim = target_dir().join("libfgpu_sim.so");
-    for n in ["libamdhip64.so", "librocm_smi64.so"] {
-        std::fs::copy(&sim, w.sim_dir.join(n)).unwrap();
-    }
+    let (w, bin) = hip_world(name);
     std::fs::remove_file(w.sim_dir.join("libnvidia-ml.so.1")).unwrap();
-    let bin = target_dir().join("fgpu-sim-hip");
-    assert!(
-        bin.exists(),
-        "{} is missing: cargo build -p fgpu-sim",
-        bin.display()
-    );
     (w, bin)
 }
 

@@ -12,26 +12,8 @@
 mod common;
 
 use common::agent::*;
-use common::target_dir;
 use common::tenants::*;
-use std::path::{Path, PathBuf};
-
-/// An agent world whose simulator directory also has the HIP runtime (a copy of the
-/// simulator) and fgpu-sim-hip.
-fn hip_world(name: &str) -> (AgentWorld, PathBuf) {
-    let w = AgentWorld::new(name);
-    let sim = target_dir().join("libfgpu_sim.so");
-    for n in ["libamdhip64.so", "librocm_smi64.so"] {
-        std::fs::copy(&sim, w.sim_dir.join(n)).unwrap();
-    }
-    let bin = target_dir().join("fgpu-sim-hip");
-    assert!(
-        bin.exists(),
-        "{} is missing: cargo build -p fgpu-sim",
-        bin.display()
-    );
-    (w, bin)
-}
+use std::path::Path;
 
 /// `elapsed_ms=` of a line.
 fn tenant(w: &AgentWorld, program: &Path, name: &str, options: &[&str], work: &[&str]) -> Tenant {

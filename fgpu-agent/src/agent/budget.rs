@@ -377,7 +377,7 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
                 .collect(),
         })
         .collect();
-    let (limited, statics): (Vec<Limited>, Vec<Option<u64>>) = {
+    let (limited, statics): (Vec<Limited>, Vec<crate::api::Limit>) = {
         let store = state.limits.lock().expect("limits lock");
         let limited = store
             .all()
@@ -397,19 +397,19 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
                 })
             })
             .collect();
-        let statics = ledgers
+        let effective: Vec<crate::api::Limit> = ledgers
             .iter()
-            .map(|l| {
-                let effective = store.effective(&l.cgroup).0;
-                // Per-GPU compute settings follow the records bound since the last change.
-                if !effective.compute_gpus.is_empty() || !effective.compute_cap_gpus.is_empty() {
-                    l.refresh_compute(&effective);
-                }
-                effective.memory_bytes
-            })
+            .map(|l| store.effective(&l.cgroup).0)
             .collect();
-        (limited, statics)
+        (limited, effective)
     };
+    // Per-GPU compute settings follow the device records shims bound since the last change.
+    for (l, e) in ledgers.iter().zip(&statics) {
+        if !e.compute_gpus.is_empty() || !e.compute_cap_gpus.is_empty() {
+            l.refresh_compute(e);
+        }
+    }
+    let statics = statics.iter().map(|e| e.memory_bytes);
     let devices: Vec<u32> = uuids.keys().copied().collect();
     let plans = plan(&views, &limited, tree, &devices);
     for ((ledger, plan), fallback) in ledgers.iter().zip(&plans).zip(statics) {

@@ -5,6 +5,8 @@
 //! control requests only to callers on the host (the agent's PID, mount and user namespaces)
 //! who are root or in `--socket-group`. Every limit change is logged with who made it.
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use fgpu_common::proto::{Frame, Kind};
@@ -159,25 +161,26 @@ fn entry(state: &State, cgroup: &str) -> LimitEntry {
     }
 }
 
+/// Per-GPU values keyed as the user wrote the GPUs (`--gpu`) → keyed by UUID; an error names
+/// the first GPU that does not resolve.
+fn by_uuid<T: Copy>(
+    state: &State,
+    a: &BTreeMap<String, T>,
+    b: &BTreeMap<String, T>,
+) -> Result<BTreeMap<String, T>> {
+    a.iter()
+        .chain(b)
+        .map(|(gpu, v)| Ok((super::gpusel::resolve(&state.gpus.devices, gpu)?, *v)))
+        .collect()
+}
+
 fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Frame> {
     // Every GPU the request names is resolved, and every value checked, before anything
     // changes: a bad `--gpu` leaves the limits as they were.
     let mut limit = req.limit.clone();
-    let given = std::mem::take(&mut limit.memory_gpus);
-    for (gpu, bytes) in given.iter().chain(&req.memory_gpus) {
-        let uuid = super::gpusel::resolve(&state.gpus.devices, gpu)?;
-        limit.memory_gpus.insert(uuid, *bytes);
-    }
-    let given = std::mem::take(&mut limit.compute_gpus);
-    for (gpu, pct) in given.iter().chain(&req.compute_gpus) {
-        let uuid = super::gpusel::resolve(&state.gpus.devices, gpu)?;
-        limit.compute_gpus.insert(uuid, *pct);
-    }
-    let given = std::mem::take(&mut limit.compute_cap_gpus);
-    for (gpu, pct) in given.iter().chain(&req.compute_cap_gpus) {
-        let uuid = super::gpusel::resolve(&state.gpus.devices, gpu)?;
-        limit.compute_cap_gpus.insert(uuid, *pct);
-    }
+    limit.memory_gpus = by_uuid(state, &limit.memory_gpus, &req.memory_gpus)?;
+    limit.compute_gpus = by_uuid(state, &limit.compute_gpus, &req.compute_gpus)?;
+    limit.compute_cap_gpus = by_uuid(state, &limit.compute_cap_gpus, &req.compute_cap_gpus)?;
     let clear = super::gpusel::resolve_all(&state.gpus.devices, &req.clear_gpus)?;
     if let Some(uuid) = clear.iter().find(|u| limit.names_gpu(u)) {
         bail!(
@@ -327,24 +330,19 @@ fn validate(state: &State, limit: &Limit) -> Result<()> {
             );
         }
     }
-    let per_gpu = |m: &std::collections::BTreeMap<String, u8>| -> Vec<Option<u8>> {
-        m.values().map(|p| Some(*p)).collect()
-    };
-    for (name, pcts) in [
-        (
-            "--compute",
-            [vec![limit.compute_pct], per_gpu(&limit.compute_gpus)].concat(),
-        ),
+    for (name, plain, per_gpu) in [
+        ("--compute", limit.compute_pct, &limit.compute_gpus),
         (
             "--compute-cap",
-            [
-                vec![limit.compute_cap_pct],
-                per_gpu(&limit.compute_cap_gpus),
-            ]
-            .concat(),
+            limit.compute_cap_pct,
+            &limit.compute_cap_gpus,
         ),
     ] {
-        if let Some(p) = pcts.into_iter().flatten().find(|p| !(1..=100).contains(p)) {
+        if let Some(p) = plain
+            .into_iter()
+            .chain(per_gpu.values().copied())
+            .find(|p| !(1..=100).contains(p))
+        {
             bail!("{name} {p}% is out of range: give 1-100%");
         }
     }

@@ -92,16 +92,16 @@ impl LimitStore {
             }
         }
         // Compute per GPU: from the nearest cgroup with a value there (per-GPU or plain).
-        for uuid in chain.iter().flat_map(|l| l.compute_gpus.keys()) {
-            if let Some(p) = chain.iter().find_map(|l| l.compute_on(uuid)) {
-                out.compute_gpus.insert(uuid.clone(), p);
-            }
-        }
-        for uuid in chain.iter().flat_map(|l| l.compute_cap_gpus.keys()) {
-            if let Some(p) = chain.iter().find_map(|l| l.compute_cap_on(uuid)) {
-                out.compute_cap_gpus.insert(uuid.clone(), p);
-            }
-        }
+        type PerGpu = fn(&Limit) -> &BTreeMap<String, u8>;
+        let nearest = |per: PerGpu, on: fn(&Limit, &str) -> Option<u8>| {
+            chain
+                .iter()
+                .flat_map(|l| per(l).keys())
+                .filter_map(|u| Some((u.clone(), chain.iter().find_map(|l| on(l, u))?)))
+                .collect::<BTreeMap<_, _>>()
+        };
+        out.compute_gpus = nearest(|l| &l.compute_gpus, Limit::compute_on);
+        out.compute_cap_gpus = nearest(|l| &l.compute_cap_gpus, Limit::compute_cap_on);
         (out, memory_from)
     }
 

@@ -359,3 +359,20 @@ pub fn allocs(lines: &[String]) -> Vec<Result<u64, u64>> {
 
 /// Standalone: the default socket path must not be used by accident in these tests.
 pub const NOWHERE: &str = NO_AGENT;
+
+/// An agent world whose simulator directory also has the HIP runtime and ROCm SMI (copies
+/// of the simulator), and the path of fgpu-sim-hip.
+pub fn hip_world(name: &str) -> (AgentWorld, PathBuf) {
+    let w = AgentWorld::new(name);
+    let sim = target_dir().join("libfgpu_sim.so");
+    for n in ["libamdhip64.so", "librocm_smi64.so"] {
+        std::fs::copy(&sim, w.sim_dir.join(n)).unwrap();
+    }
+    let bin = target_dir().join("fgpu-sim-hip");
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo build -p fgpu-sim",
+        bin.display()
+    );
+    (w, bin)
+}
