@@ -61,6 +61,7 @@ smi_pid=""
 cleanup() {
   [ -n "$wd_pid" ] && kill "$wd_pid" 2>/dev/null
   [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null
+  [ -n "${nvml_pid:-}" ] && kill "$nvml_pid" 2>/dev/null
   reap 2>/dev/null
   for n in $TENANTS; do rmdir "$CG/fgpu-real-$n" 2>/dev/null; done
   stop_agent
@@ -73,6 +74,10 @@ report() {
   echo "================ compute shares, everyday workloads, on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader) ================"
   "$PY" "$HERE/compute_real.py" --runs "$RUNS" --out "$OUT" | tee "$OUT/compute_real.txt"
   local rc=${PIPESTATUS[0]}
+  # The probes (toggle windows, NVML samples per phase), when any ran.
+  if [ -s "$OUT/toggles.txt" ] || [ -s "$OUT/nvml.jsonl" ]; then
+    "$PY" "$HERE/compute_probe.py" --out "$OUT" | tee "$OUT/compute_probe.txt"
+  fi
   # Few files come back from a GPU machine: pack the traces and worker logs.
   (cd "$OUT" && tar -czf workers.tgz ./*.trace.json ./*-[abc]-[0-9].log 2>/dev/null \
     && rm -f ./*.trace.json ./*-[abc]-[0-9].log)
@@ -217,6 +222,31 @@ kill_phase() {
   reap
 }
 
+# The toggle phase (TOGGLE_ROLES, default "cnn decoder"): one ROLE process alone under the
+# agent for 16 s while its container's setting flips every second between --compute 50
+# (gated; alone, its turn is re-granted at once) and none (the ungated fast path): the gate's
+# own cost on the same process and CPUs, free of the machine's drift between runs. Flip times
+# in $OUT/toggles.txt ("PHASE on|off TIME"); compute_probe.py compares the windows.
+toggle_phase() {
+  local r=$1 p i
+  limits "" "" ""
+  echo "== toggle-$r: a $r alone, --compute 50 / none every second"
+  worker "toggle-$r" a 1 "$r" fgpu 16 "$WARM" "$WORK/toggle-$r.go"; p=$!
+  for _ in $(seq 1200); do [ -f "$WORK/toggle-$r.a.1.ready" ] && break; kill -0 $p 2>/dev/null || break; sleep 0.1; done
+  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/toggle-$r.go"
+  echo "toggle-$r start $(cat "$WORK/toggle-$r.go")" >> "$OUT/phases.txt"
+  sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.5 }')"
+  for i in $(seq 7); do
+    fgpu limit set /fgpu-real-a --compute 50 >> "$OUT/limits.log" 2>&1
+    echo "toggle-$r on $(date +%s.%N)" >> "$OUT/toggles.txt"; sleep 1
+    fgpu limit rm /fgpu-real-a >> "$OUT/limits.log" 2>&1
+    echo "toggle-$r off $(date +%s.%N)" >> "$OUT/toggles.txt"; sleep 1
+  done
+  wait $p; record "toggle-$r" a 1 "$r" fgpu $?
+  echo "toggle-$r end $(date +%s.%N)" >> "$OUT/phases.txt"
+  reap
+}
+
 trap cleanup EXIT
 trap 'exit 143' TERM
 trap 'exit 130' INT
@@ -237,9 +267,15 @@ for n in $TENANTS; do mkdir -p "$CG/fgpu-real-$n" || exit 1; done
 reap
 # The GPU's clocks and power through the run (per phase in the report).
 : > "$OUT/phases.txt"
+: > "$OUT/toggles.txt"
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu \
   --format=csv,noheader,nounits -lms 200 > "$OUT/smi.csv" 2>/dev/null &
 smi_pid=$!
+# NVML=1: NVML's per-process SM utilisation samples through the run ($OUT/nvml.jsonl).
+nvml_pid=""
+if [ -n "${NVML:-}" ]; then
+  "$PY" "$HERE/nvml_probe.py" "$OUT/nvml.jsonl" & nvml_pid=$!
+fi
 want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 # WARM_VM=GIB: touch that much host memory once before the references (a fresh VM backs its
@@ -293,6 +329,10 @@ gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for
   local v=$1
   if want s25; then limits "--compute 25" "--compute 75" ""; phase "s25$v" a:cnn:fgpu b:attn:fgpu; br cnn attn; fi
   if want dec; then limits "--compute 50" "--compute 50" ""; phase "dec$v" a:decoder:fgpu b:cnn:fgpu; br decoder cnn; fi
+  # fill: the decoder ungated (no setting: it runs whenever it launches) beside the cnn at
+  # --compute 50, which then holds every turn: what a decoder co-running in a neighbour's
+  # turns gets, and what that costs the neighbour.
+  if want fill; then limits "" "--compute 50" ""; phase "fill$v" a:decoder:fgpu b:cnn:fgpu; br decoder cnn; fi
   if want mp; then limits "--compute 50" "--compute 50" ""; phase "mp$v" a:cnn:fgpu a:cnn:fgpu b:cnn:fgpu; br cnn; fi
   if want s3; then limits "--compute 20" "--compute 30" "--compute 50"; phase "s3$v" a:cnn:fgpu b:attn:fgpu c:graph:fgpu; fi
   if [ -z "$v" ] && want kill; then limits "--compute 50" "--compute 50" ""; kill_phase; br cnn attn; fi
@@ -300,6 +340,7 @@ gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for
   if want s50; then limits "--compute 50" "--compute 50" ""; phase "s50$v" a:matmul:fgpu b:graph:fgpu; fi
 }
 gated_phases ""
+if want toggle; then for r in ${TOGGLE_ROLES:-cnn decoder}; do toggle_phase "$r"; done; fi
 stop_agent
 # VARIANTS="NAME:VAR=V,VAR=V ...": the gated mixes again under an agent started with those
 # variables (the controller's tuning overrides, docs/compute.md), phases named MIX@NAME.
