@@ -227,23 +227,24 @@ kill_phase() {
 # (gated; alone, its turn is re-granted at once) and none (the ungated fast path): the gate's
 # own cost on the same process and CPUs, free of the machine's drift between runs. Flip times
 # in $OUT/toggles.txt ("PHASE on|off TIME"); compute_probe.py compares the windows.
-toggle_phase() {
-  local r=$1 p i
+toggle_phase() { # ROLE [SUFFIX]
+  local r=$1 v=${2:-} p i
+  local ph=toggle-$r$v
   limits "" "" ""
-  echo "== toggle-$r: a $r alone, --compute 50 / none every second"
-  worker "toggle-$r" a 1 "$r" fgpu 16 "$WARM" "$WORK/toggle-$r.go"; p=$!
-  for _ in $(seq 1200); do [ -f "$WORK/toggle-$r.a.1.ready" ] && break; kill -0 $p 2>/dev/null || break; sleep 0.1; done
-  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/toggle-$r.go"
-  echo "toggle-$r start $(cat "$WORK/toggle-$r.go")" >> "$OUT/phases.txt"
+  echo "== $ph: a $r alone, --compute 50 / none every second"
+  worker "$ph" a 1 "$r" fgpu 16 "$WARM" "$WORK/$ph.go"; p=$!
+  for _ in $(seq 1200); do [ -f "$WORK/$ph.a.1.ready" ] && break; kill -0 $p 2>/dev/null || break; sleep 0.1; done
+  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/$ph.go"
+  echo "$ph start $(cat "$WORK/$ph.go")" >> "$OUT/phases.txt"
   sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.5 }')"
   for i in $(seq 7); do
     fgpu limit set /fgpu-real-a --compute 50 >> "$OUT/limits.log" 2>&1
-    echo "toggle-$r on $(date +%s.%N)" >> "$OUT/toggles.txt"; sleep 1
+    echo "$ph on $(date +%s.%N)" >> "$OUT/toggles.txt"; sleep 1
     fgpu limit rm /fgpu-real-a >> "$OUT/limits.log" 2>&1
-    echo "toggle-$r off $(date +%s.%N)" >> "$OUT/toggles.txt"; sleep 1
+    echo "$ph off $(date +%s.%N)" >> "$OUT/toggles.txt"; sleep 1
   done
-  wait $p; record "toggle-$r" a 1 "$r" fgpu $?
-  echo "toggle-$r end $(date +%s.%N)" >> "$OUT/phases.txt"
+  wait $p; record "$ph" a 1 "$r" fgpu $?
+  echo "$ph end $(date +%s.%N)" >> "$OUT/phases.txt"
   reap
 }
 
@@ -344,14 +345,19 @@ if want toggle; then for r in ${TOGGLE_ROLES:-cnn decoder}; do toggle_phase "$r"
 stop_agent
 # VARIANTS="NAME:VAR=V,VAR=V ...": the gated mixes again under an agent started with those
 # variables (the controller's tuning overrides, docs/compute.md), phases named MIX@NAME.
+# VARIANT_ONLY="dec mp": the mixes a variant runs (default: ONLY's).
+MAIN_ONLY=${ONLY:-}
 for variant in ${VARIANTS:-}; do
+  ONLY=${VARIANT_ONLY:-$MAIN_ONLY}
   AGENT_ENV=$(echo "${variant#*:}" | tr ',' ' ')
   echo "== variant ${variant%%:*}: agent with $AGENT_ENV"
   start_agent
   gated_phases "@${variant%%:*}"
+  if want toggle; then for r in ${TOGGLE_ROLES:-cnn decoder}; do toggle_phase "$r" "@${variant%%:*}"; done; fi
   stop_agent
 done
 AGENT_ENV=
+ONLY=$MAIN_ONLY
 if want full; then
   n=0
   for mode in bare fgpu fgpu bare; do
