@@ -3,7 +3,8 @@
 # timeout, and packs everything into few files (the device tool returns at most 8).
 #   OUT=/some/dir bash bundle/tests/gpu/round.sh k8s_prepare shim_limits compute_real ...
 # A script's output goes to $OUT/NAME.txt, its details ($OUT for it) into $OUT/details.tgz.
-# Timeouts: TIMEOUT_NAME=SECONDS (default 300). Other variables (ONLY, VARIANTS, SECS, ...)
+# Timeouts: TIMEOUT_NAME=SECONDS (default 300; the script's DEADLINE 10 s less, or
+# DEADLINE_NAME). Other variables (ONLY, VARIANTS, SECS, ...)
 # pass through to the scripts; SHIM_LIMITS_ONLY="torch default;two processes" picks
 # shim_limits.sh's steps. Each script's last 30 lines are printed at the end.
 set -u
@@ -26,7 +27,12 @@ for name in "$@"; do
     IFS=';' read -ra only <<< "${SHIM_LIMITS_ONLY:-}"
     for o in "${only[@]}"; do args+=(--only "$o"); done
   fi
-  OUT=$OUT/details/$name timeout -k 10 "$limit" bash "$script" "${args[@]}" > "$OUT/$name.txt" 2>&1
+  # DEADLINE_NAME=SECONDS: that script's own stop (compute_real.sh, compute_agent.sh), which
+  # still prints its report; default 10 s under its timeout.
+  dvar=DEADLINE_$name
+  # ONLY_NAME / SECS_NAME: that script's ONLY / SECS (scripts share the names).
+  ovar=ONLY_$name svar=SECS_$name
+  OUT=$OUT/details/$name DEADLINE=${!dvar:-$((limit - 10))} ONLY=${!ovar:-${ONLY:-}} SECS=${!svar:-${SECS:-}} timeout -k 10 "$limit" bash "$script" "${args[@]}" > "$OUT/$name.txt" 2>&1
   rc[$name]=$?
   took[$name]=$(( $(date +%s) - t0 ))
 done
