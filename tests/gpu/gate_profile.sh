@@ -42,10 +42,11 @@ sh -c "echo \$\$ > $CG/cgroup.procs; exec unshare --pid --fork --mount-proc --ki
   --seconds "$total" --warmup 1 --ready "$WORK/ready" --go "$WORK/go" > "$OUT/worker.log" 2>&1 &
 w=$!
 for _ in $(seq 1200); do [ -f "$WORK/ready" ] && break; kill -0 $w 2>/dev/null || break; sleep 0.1; done
-date +%s.%N > "$WORK/go"
+date +%s.%N > "$WORK/go.tmp" && mv "$WORK/go.tmp" "$WORK/go"  # whole, never read half-written
 sleep 3
 pid=$(for p in $(cat "$CG/cgroup.procs"); do grep -q workloads.py "/proc/$p/cmdline" 2>/dev/null \
   && ! grep -q timeout "/proc/$p/comm" && echo "$p"; done | tail -1)
+[ -n "$pid" ] || { echo "FAIL: the worker is not running"; tail -5 "$OUT/worker.log"; exit 1; }
 have_perf=$(command -v perf || true)
 : > "$OUT/windows.txt"
 for round in 1 2 3; do
