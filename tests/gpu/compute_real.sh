@@ -130,10 +130,12 @@ worker() {
   elif [ "$mode" = fgpu-local ]; then
     envs=(env LD_PRELOAD="$SHIM" FGPU_SOCKET=/nonexistent FGPU_COMPUTE_SHARE=99 FGPU_LOG=info)
   else envs=(env -u LD_PRELOAD -u FGPU_SOCKET -u FGPU_LOG); fi
-  # PIN=1: every workload on CPUs of its own, the same alone and in a mix (the machine's
-  # vCPUs differ in speed and change; a role's runs alone and gated then share their CPUs).
+  # PIN=1 (the default; PIN=0 turns it off): every workload on CPUs of its own, the same
+  # alone and in a mix (the machine's vCPUs differ in speed and change; a role's runs alone
+  # and gated then share their CPUs: on the H200 the decoder / cnn mix passed twice pinned,
+  # 52.2 / 56.1 and 52.5 / 54.8, and moved between 34 and 56 for the decoder unpinned).
   local -a pin=()
-  if [ -n "${PIN:-}" ]; then
+  if [ "${PIN:-1}" != 0 ]; then
     case $role in
       decoder) pin=(taskset -c 2,3) ;; cnn) pin=(taskset -c 4-7) ;; attn) pin=(taskset -c 8,9) ;;
       graph) pin=(taskset -c 10,11) ;; *) pin=(taskset -c 12-15) ;;

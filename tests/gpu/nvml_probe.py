@@ -47,12 +47,22 @@ def main():
     last = [0] * len(handles)
     cache = {}
     buf = (Sample * 64)()
+    errors = {}
     while True:
         now = time.time()
         for i, h in enumerate(handles):
-            cnt = ctypes.c_uint(64)
+            # The size query first (as NVML's documentation asks: a NULL buffer gives the
+            # count); the first H200 run, which skipped it, got no samples at all.
+            cnt = ctypes.c_uint(0)
+            nv.nvmlDeviceGetProcessUtilization(h, None, ctypes.byref(cnt), ctypes.c_ulonglong(last[i]))
+            if cnt.value == 0:
+                continue
+            cnt = ctypes.c_uint(min(cnt.value, 64))
             rc = nv.nvmlDeviceGetProcessUtilization(h, buf, ctypes.byref(cnt), ctypes.c_ulonglong(last[i]))
             if rc != 0:
+                errors[rc] = errors.get(rc, 0) + 1
+                if errors[rc] == 1:
+                    print(f"nvml_probe: nvmlDeviceGetProcessUtilization returned {rc}", file=sys.stderr)
                 continue
             for s in buf[: cnt.value]:
                 if s.ts <= last[i]:
