@@ -9,7 +9,9 @@
 //! - a CPU-bound launcher (host work before every launch) next to a saturating one;
 //! - a tenant SIGKILLed or SIGSTOPped while it waits for a turn, or while it holds one with
 //!   work in flight (found by reading its own ledger page): the other is back at full speed
-//!   within 200 ms, and a new process in the killed container gets its share.
+//!   within 200 ms, and a new process in the killed container gets its share; the same for
+//!   the cgroup freezer (`docker pause`), and the thawed tenant gets its share again;
+//! - a process feeding the device from two threads on two streams: one share, not two.
 //!
 //! Workloads are `fgpu-sim-load steps-for MS K KERNEL GAP_US` (K 1 ms kernels, a sync, GAP_US
 //! of host time); rates come from its `steps-for ok` line or its `steps-at` lines (every
@@ -60,6 +62,20 @@ fn cpu_bound(ms: u64) -> Vec<String> {
     ];
     v.push("25".into());
     v
+}
+
+/// `saturating` on `threads` threads of one process, each on a stream of its own.
+fn threaded(ms: u64, threads: u64) -> Vec<String> {
+    [
+        "steps-threads",
+        &ms.to_string(),
+        &threads.to_string(),
+        "10",
+        "sleep_1000us",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 fn steps(ms: u64, k: u64, gap_us: u64) -> Vec<String> {
@@ -279,6 +295,35 @@ fn privileged_a_two_process_container_gets_one_share() {
     within(one, 50.0, 3.0, "one-process container", &ctx);
 }
 
+/// A container whose one process feeds the device from two threads, each on a stream of its
+/// own, at 50 next to a one-process container at 50: the threads share one share (their
+/// steps together 50 ± 3% of what the two threads do alone), not one each.
+#[test]
+fn privileged_two_threads_on_two_streams_get_one_share() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("clsthr");
+    let agent = w.agent();
+    let alone_threads = solo(&w, &agent, threaded(3000, 2));
+    let alone = solo(&w, &agent, saturating(3000));
+    let mut ts = vec![
+        tenant(&w, "threads", &["--compute", "50"], &[threaded(8000, 2)]),
+        tenant(&w, "one", &["--compute", "50"], &[saturating(8000)]),
+    ];
+    go(&mut ts);
+    let r = finish(ts, &agent);
+    let two = 100.0 * r[0][0] / alone_threads;
+    let one = 100.0 * r[1][0] / alone;
+    println!(
+        "2 threads on 2 streams / 1 thread at 50/50: {two:.1}% / {one:.1}% (alone {alone_threads:.1} / \
+         {alone:.1} steps/s)"
+    );
+    let ctx = format!("agent log:\n{}", agent.log_text());
+    within(two, 50.0, 3.0, "two-thread container", &ctx);
+    within(one, 50.0, 3.0, "one-thread container", &ctx);
+}
+
 /// A tenant that does little GPU work per step and waits for it (1 ms kernel, sync, 4 ms of
 /// host time) at 50% next to a saturating tenant at 50%: it gets at least half its solo step
 /// rate, and so does the neighbour (today's turn-taking alone would make each of its steps
@@ -412,6 +457,70 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
         // cgroup.
         let _ = std::fs::write(a.cg.dir.join("cgroup.kill"), "1");
         a.procs.clear();
+    }
+}
+
+/// `docker pause` — the cgroup freezer — on a tenant while it waits for a turn, and while it
+/// holds one with work in flight, and SIGSTOP while it holds one: the other tenant is back at
+/// its solo rate (≥ 90%) from 200 ms after; once thawed (SIGCONT), the stopped tenant gets its
+/// share again next to it (50 ± 5 each from 500 ms after). Before the controller stopped
+/// counting a stopped tenant's queued batches as activity, the thawed tenant held the device
+/// for as long as it had been frozen (a at 74-78%, b stalled for 1.5 s).
+#[test]
+fn privileged_a_frozen_or_stopped_tenant_never_stalls_the_others_and_comes_back() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("clsfreeze");
+    let agent = w.agent();
+    let alone = solo(&w, &agent, saturating(2000));
+    for (freezer, m) in [
+        (true, Moment::Waiting),
+        (true, Moment::Holding),
+        (false, Moment::Holding),
+    ] {
+        let what = format!(
+            "{} while {m:?}",
+            if freezer { "frozen" } else { "SIGSTOPped" }
+        );
+        let mut ts = vec![
+            tenant(&w, "a", &["--compute", "50"], &[saturating(8000)]),
+            tenant(&w, "b", &["--compute", "50"], &[saturating(8000)]),
+        ];
+        go(&mut ts);
+        std::thread::sleep(Duration::from_millis(1500));
+        let a_pid = workload_pid(&ts[0]);
+        assert!(wait_for(usage_of(a_pid), m), "tenant a never seen {m:?}");
+        let freeze = ts[0].cg.dir.join("cgroup.freeze");
+        let stop = |on: bool| {
+            if freezer {
+                std::fs::write(&freeze, if on { "1" } else { "0" }).expect("cgroup.freeze");
+            } else {
+                let sig = if on { libc::SIGSTOP } else { libc::SIGCONT };
+                // SAFETY: signalling the test's own workload process.
+                assert_eq!(unsafe { libc::kill(a_pid as i32, sig) }, 0);
+            }
+        };
+        stop(true);
+        let t_stop = mono_ns() / 1_000_000;
+        std::thread::sleep(Duration::from_millis(1500));
+        stop(false);
+        let t_back = mono_ns() / 1_000_000;
+        let [a, b] = [0, 1].map(|i| ts[i].procs.pop().expect("process").finish());
+        let ctx = format!("{what}\na: {a}\nb: {b}\nagent log:\n{}", agent.log_text());
+        assert_eq!(a.code, Some(0), "{ctx}");
+        assert_eq!(b.code, Some(0), "{ctx}");
+        let (pa, pb) = (progress(&a.lines), progress(&b.lines));
+        let stopped = 100.0 * rate_between(&pb, t_stop + 200, t_stop + 1200) / alone;
+        let back = 100.0 * rate_between(&pa, t_back + 500, t_back + 2500) / alone;
+        let next = 100.0 * rate_between(&pb, t_back + 500, t_back + 2500) / alone;
+        println!("{what}: b {stopped:.1}% from 200 ms after; resumed: a {back:.1}%, b {next:.1}%");
+        assert!(
+            stopped >= 90.0,
+            "b not back at full speed: {stopped:.1}%\n{ctx}"
+        );
+        within(back, 50.0, 5.0, "the resumed tenant", &ctx);
+        within(next, 50.0, 5.0, "b next to the resumed tenant", &ctx);
     }
 }
 

@@ -21,6 +21,8 @@
 //!                                repeated for MS ms; SPIN_US of host work before each
 //!                                launch: a CPU-bound launcher; a `steps-at mono_ms= steps=`
 //!                                line every 100 ms)
+//!   steps-threads MS T K KERNEL GAP_US (steps-for on T threads at once, each on a stream of
+//!                                its own; steps counted over all threads)
 //!   stress THREADS PAIRS SIZE   (THREADS threads × PAIRS cuMemAlloc_v2 + cuMemFree_v2 each)
 //!   bench-alloc PAIRS SIZE      (one thread; prints ns_per_pair)
 //!   bench-launch N KERNEL       (N launches + sync; prints launches_per_s; `empty` is real
@@ -814,6 +816,85 @@ impl Driver {
         );
     }
 
+    /// `steps-for` on `threads` threads at once, each with a stream of its own (one process
+    /// feeding the device from several threads, as a data-parallel loader or a server with a
+    /// stream per request does): K launches of `kernel` into its stream, a synchronisation of
+    /// that stream, GAP_US of host time. The `steps-at` lines and the final `steps-for ok` line
+    /// count the steps of all threads together.
+    fn steps_threads(&mut self, ms: u64, threads: u64, k: u64, kernel: &str, gap_us: u64) {
+        use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::Relaxed};
+        let t = Instant::now();
+        let func = match self.function(kernel) {
+            Ok(f) => f,
+            Err(rc) => {
+                self.report(
+                    rc,
+                    String::new(),
+                    format!("steps-for fail rc={rc} kernel={kernel}"),
+                );
+                return;
+            }
+        };
+        let (ctx, launch, create, sync, set) = (
+            self.ctx,
+            self.api.launch_kernel,
+            self.api.stream_create,
+            self.api.stream_synchronize,
+            self.api.ctx_set_current,
+        );
+        let steps = AtomicU64::new(0);
+        let failed = AtomicI32::new(0);
+        let over = || t.elapsed().as_millis() as u64 >= ms || failed.load(Relaxed) != 0;
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    let mut stream = 0usize;
+                    let null = std::ptr::null_mut();
+                    // SAFETY: documented signatures; the primary context of this process, a
+                    // valid out-pointer, a stream this thread created, a kernel without
+                    // parameters.
+                    let rc = (|| unsafe {
+                        step!(set(ctx));
+                        step!(create(&mut stream, 1));
+                        while !over() {
+                            for _ in 0..k {
+                                step!(launch(func, 1, 1, 1, 32, 1, 1, 0, stream, null, null));
+                            }
+                            step!(sync(stream));
+                            if gap_us > 0 {
+                                std::thread::sleep(std::time::Duration::from_micros(gap_us));
+                            }
+                            steps.fetch_add(1, Relaxed);
+                        }
+                        0
+                    })();
+                    if rc != 0 {
+                        failed.store(rc, Relaxed);
+                    }
+                });
+            }
+            while !over() {
+                out(format!(
+                    "steps-at mono_ms={} steps={}",
+                    mono_ms(),
+                    steps.load(Relaxed)
+                ));
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        });
+        let rc = failed.load(Relaxed);
+        let elapsed = t.elapsed().as_secs_f64() * 1e3;
+        self.report(
+            rc,
+            format!(
+                "steps-for ok steps={} threads={threads} k={k} kernel={kernel} gap_us={gap_us} \
+                 elapsed_ms={elapsed:.1}",
+                steps.load(Relaxed)
+            ),
+            format!("steps-for fail rc={rc} kernel={kernel}"),
+        );
+    }
+
     /// Captures `n` launches of `kernel` into a graph, then replays it for `ms` of wall time
     /// (two replays, then a stream synchronisation), and reports how many replays ran.
     fn graph_for(&mut self, ms: u64, n: u64, kernel: &str) {
@@ -1159,6 +1240,15 @@ fn main() {
                     None => 0,
                 };
                 d.steps_for(ms, k, &kernel, gap, spin);
+            }
+            "steps-threads" => {
+                let ms = num_arg(args.get(i)).unwrap_or(1000);
+                let threads = num_arg(args.get(i + 1)).unwrap_or(2).clamp(1, 64);
+                let k = num_arg(args.get(i + 2)).unwrap_or(1);
+                let kernel = args.get(i + 3).cloned().unwrap_or_default();
+                let gap = num_arg(args.get(i + 4)).unwrap_or(0);
+                i += 5;
+                d.steps_threads(ms, threads, k, &kernel, gap);
             }
             "graph-for" => {
                 let ms = num_arg(args.get(i)).unwrap_or(1000);

@@ -7,8 +7,8 @@
 //!   throughput ("30%" = 30% of what it would do alone) for GPU-bound and host-gapped loops
 //!   alike, and for any number of processes or streams in the container —, and its virtual
 //!   time advances by the device time it held ÷ its share. The next turn goes to the waiting
-//!   tenant furthest behind; a newcomer or a tenant back from idling starts level with the
-//!   others (no banking).
+//!   tenant furthest behind; a newcomer or a tenant back from idling (or from being stopped or
+//!   frozen, whatever its page says is queued) starts level with the others (no banking).
 //! - A turn ends at its quantum if anyone else waits (re-granted if not: work-conserving),
 //!   when its holder leaves it unused for [`IDLE_NS`], or when a cap's bucket runs out. The
 //!   next turn starts once the holder's queued work has drained, or after a deadline from the

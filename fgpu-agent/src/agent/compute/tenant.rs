@@ -206,12 +206,16 @@ impl Tenant {
         now.saturating_sub(self.launch_at.max(since)) >= grace
     }
 
-    /// Not using the device at all (for the no-banking rule): no turn, nobody waiting,
-    /// nothing queued, no launch for `idle_ns`.
+    /// Not using the device at all (for the no-banking rule): no turn, nobody waiting (fresh
+    /// stamps only), no launch and no measured time for `idle_ns`. Work its page still counts
+    /// as queued does not make it busy: a process SIGSTOPped or frozen (`docker pause`) with
+    /// batches in flight keeps its count, and so can a forged page — counted as busy, its
+    /// virtual time fell behind for as long as it stood still, and once resumed it held the
+    /// device until it caught up (1.5 s of a 1.5 s freeze, on the simulator). While its last
+    /// turn's work drains it is charged the drain, so keeping it level changes nothing then.
     pub fn idle(&self, now: u64, idle_ns: u64) -> bool {
         self.held.is_none()
             && !self.waiting()
-            && self.act.inflight <= 0
             && self.mode == Mode::Turns
             && now.saturating_sub(self.launch_at) >= idle_ns
     }
