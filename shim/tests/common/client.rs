@@ -557,11 +557,14 @@ fn forged_hello(args: &[u64]) {
 /// slot and device what would keep a naive controller busy with it forever: a fresh waiting
 /// and launch stamp (the heartbeat read from its read-only limits page), huge queued work,
 /// measured GPU time growing with wall time — without ever launching. Prints
-/// `forge done writes=N heartbeats=[..]`.
+/// `forge done writes=N heartbeats=[..]`. `forge-compute MS 1` (quiet) writes only the
+/// queued work — batches in flight that never complete, no stamps, no GPU time: a tenant
+/// that sits still while its page says it is busy (to bank device time and spend it later).
 fn forge_compute(args: &[u64]) {
     use fgpu_common::ledger::{DeviceTurn, Limits, MAX_DEVICES, MAX_SLOTS, PAGE, SLOTS_OFFSET};
     use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
     let ms = args.first().copied().unwrap_or(3000);
+    let quiet = args.get(1) == Some(&1);
     let cuda = Cuda::open().expect("libcuda.so.1");
     let ctx = cuda.context().expect("context");
     cuda.set_current(ctx);
@@ -607,8 +610,10 @@ fn forge_compute(args: &[u64]) {
                 // SAFETY: aligned fields of slot records inside our mapping of the usage part
                 // (SlotCompute: wait_beat, launch_beat, inflight, queued_ns).
                 unsafe {
-                    (*(base as *const AtomicU64)).store(beat, Relaxed);
-                    (*((base + 8) as *const AtomicU64)).store(beat, Relaxed);
+                    if !quiet {
+                        (*(base as *const AtomicU64)).store(beat, Relaxed);
+                        (*((base + 8) as *const AtomicU64)).store(beat, Relaxed);
+                    }
                     (*((base + 16) as *const AtomicI64)).store(1 << 40, Relaxed);
                     (*((base + 24) as *const AtomicI64)).store(i64::MAX, Relaxed);
                 }
@@ -617,7 +622,7 @@ fn forge_compute(args: &[u64]) {
         }
         // Measured GPU time that grows as fast as wall time: it looks busy, not latency-bound
         // (so it is given turns, which it then does not use).
-        for dev in 0..MAX_DEVICES {
+        for dev in (0..MAX_DEVICES).filter(|_| !quiet) {
             let off = std::mem::offset_of!(fgpu_common::ledger::Usage, compute)
                 + dev * std::mem::size_of::<fgpu_common::ledger::DeviceCompute>();
             // SAFETY: an aligned u64 (`DeviceCompute::gpu_ns`) inside our mapping.

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod classes;
 pub mod client;
 pub mod tenants;
 

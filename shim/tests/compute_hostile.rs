@@ -1,0 +1,284 @@
+//! Compute shares when a tenant is killed, stopped, frozen or hostile (issue 10), under the
+//! real agent (`fgpu agent --sim`) on the simulator's one device timeline, every tenant a
+//! cgroup with processes in PID namespaces of their own:
+//!
+//! - SIGKILL or SIGSTOP while a tenant waits for a turn, or while it holds one with work in
+//!   flight (found by reading its own ledger page): the other is back at full speed within
+//!   200 ms, and a new process in the killed container gets its share;
+//! - the cgroup freezer (`docker pause`) and SIGSTOP + SIGCONT: the same, and the resumed
+//!   tenant gets its share again — it banked nothing while it stood still;
+//! - a tenant forging its page to hold the device, or to bank device time and spend it later.
+//!
+//! Workloads and tenants: common/classes.rs (as in compute_classes.rs).
+
+mod common;
+
+use common::agent::*;
+use common::classes::*;
+use common::tenants::{Moment, progress, rate_between, usage_of, wait_for};
+use fgpu_testkit::{Cgroup, mono_ns, privileged, unique};
+use std::time::Duration;
+
+/// Re-executed as a client by `AgentWorld::client`; does nothing in a normal test run.
+#[test]
+fn client_entry() {
+    if common::client::main() {
+        std::process::exit(0);
+    }
+}
+
+/// A tenant SIGKILLed or SIGSTOPped while it waits for a turn, or while it holds one with
+/// work in flight, never holds the other off the device: the other is back at its solo rate
+/// (≥ 90%) within 200 ms; after a kill, a new process in the same container gets its share.
+#[test]
+fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("clskill");
+    let agent = w.agent();
+    let alone = solo(&w, &agent, saturating(2000));
+    for (sig, m) in [
+        (libc::SIGKILL, Moment::Waiting),
+        (libc::SIGKILL, Moment::Holding),
+        (libc::SIGSTOP, Moment::Waiting),
+        (libc::SIGSTOP, Moment::Holding),
+    ] {
+        let kill = sig == libc::SIGKILL;
+        let what = format!("{} while {m:?}", if kill { "SIGKILL" } else { "SIGSTOP" });
+        let b_ms = if kill { 8000 } else { 4500 };
+        let mut ts = vec![
+            tenant(&w, "a", &["--compute", "50"], &[saturating(20_000)]),
+            tenant(&w, "b", &["--compute", "50"], &[saturating(b_ms)]),
+        ];
+        go(&mut ts);
+        std::thread::sleep(Duration::from_millis(1500));
+        let a_pid = workload_pid(&ts[0]);
+        let ledger = usage_of(a_pid);
+        assert!(wait_for(ledger, m), "{what}: tenant a never seen {m:?}");
+        // SAFETY: signalling the test's own workload process.
+        assert_eq!(unsafe { libc::kill(a_pid as i32, sig) }, 0);
+        let t_sig = mono_ns() / 1_000_000;
+        std::thread::sleep(Duration::from_millis(1500));
+        let mut b = ts.pop().unwrap();
+        let mut a = ts.pop().unwrap();
+        let mut newcomer = None;
+        if kill {
+            // A new process in the killed container, next to b for 3 s.
+            let mut p = start(&w, &a.cg, &saturating(3000));
+            p.release();
+            newcomer = Some(p);
+        }
+        let a2 = newcomer.map(|p| p.finish());
+        let bf = b.procs.pop().unwrap().finish();
+        let ctx = format!("{what}\nb: {bf}\nagent log:\n{}", agent.log_text());
+        assert_eq!(bf.code, Some(0), "{ctx}");
+        let p = progress(&bf.lines);
+        let after = rate_between(&p, t_sig + 200, t_sig + 1200);
+        let before = rate_between(&p, t_sig - 1000, t_sig);
+        println!(
+            "{what}: b {:.1}% before, {:.1}% from 200 ms after (solo {alone:.1} steps/s)",
+            100.0 * before / alone,
+            100.0 * after / alone
+        );
+        assert!(
+            after >= 0.9 * alone,
+            "b not back at full speed: {after:.1} steps/s\n{ctx}"
+        );
+        if let Some(a2) = a2 {
+            assert_eq!(a2.code, Some(0), "the newcomer: {a2}\n{ctx}");
+            let mine = 100.0 * rate(&a2) / alone;
+            let a2_start = progress(&a2.lines).first().map_or(0, |s| s.0);
+            let theirs = 100.0 * rate_between(&p, a2_start + 500, a2_start + 2500) / alone;
+            println!(
+                "  a new process in the killed container: {mine:.1}%, b meanwhile {theirs:.1}%"
+            );
+            within(
+                mine,
+                50.0,
+                5.0,
+                "the newcomer in the killed container",
+                &ctx,
+            );
+            within(theirs, 50.0, 5.0, "b next to the newcomer", &ctx);
+        }
+        // Whatever is left of a (stopped, or the unshare of a killed one) goes with its
+        // cgroup.
+        let _ = std::fs::write(a.cg.dir.join("cgroup.kill"), "1");
+        a.procs.clear();
+    }
+}
+
+/// `docker pause` — the cgroup freezer — on a tenant while it waits for a turn, and while it
+/// holds one with work in flight, and SIGSTOP while it holds one: the other tenant is back at
+/// its solo rate (≥ 90%) from 200 ms after; once thawed (SIGCONT), the stopped tenant gets its
+/// share again next to it (50 ± 5 each from 500 ms after). Before the controller stopped
+/// counting a stopped tenant's queued batches as activity, the thawed tenant held the device
+/// for as long as it had been frozen (a at 74-78%, b stalled for 1.5 s).
+#[test]
+fn privileged_a_frozen_or_stopped_tenant_never_stalls_the_others_and_comes_back() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("clsfreeze");
+    let agent = w.agent();
+    let alone = solo(&w, &agent, saturating(2000));
+    for (freezer, m) in [
+        (true, Moment::Waiting),
+        (true, Moment::Holding),
+        (false, Moment::Holding),
+    ] {
+        let what = format!(
+            "{} while {m:?}",
+            if freezer { "frozen" } else { "SIGSTOPped" }
+        );
+        let mut ts = vec![
+            tenant(&w, "a", &["--compute", "50"], &[saturating(8000)]),
+            tenant(&w, "b", &["--compute", "50"], &[saturating(8000)]),
+        ];
+        go(&mut ts);
+        std::thread::sleep(Duration::from_millis(1500));
+        let a_pid = workload_pid(&ts[0]);
+        assert!(wait_for(usage_of(a_pid), m), "tenant a never seen {m:?}");
+        let freeze = ts[0].cg.dir.join("cgroup.freeze");
+        let stop = |on: bool| {
+            if freezer {
+                std::fs::write(&freeze, if on { "1" } else { "0" }).expect("cgroup.freeze");
+            } else {
+                let sig = if on { libc::SIGSTOP } else { libc::SIGCONT };
+                // SAFETY: signalling the test's own workload process.
+                assert_eq!(unsafe { libc::kill(a_pid as i32, sig) }, 0);
+            }
+        };
+        stop(true);
+        let t_stop = mono_ns() / 1_000_000;
+        std::thread::sleep(Duration::from_millis(1500));
+        stop(false);
+        let t_back = mono_ns() / 1_000_000;
+        let [a, b] = [0, 1].map(|i| ts[i].procs.pop().expect("process").finish());
+        let ctx = format!("{what}\na: {a}\nb: {b}\nagent log:\n{}", agent.log_text());
+        assert_eq!(a.code, Some(0), "{ctx}");
+        assert_eq!(b.code, Some(0), "{ctx}");
+        let (pa, pb) = (progress(&a.lines), progress(&b.lines));
+        let stopped = 100.0 * rate_between(&pb, t_stop + 200, t_stop + 1200) / alone;
+        let back = 100.0 * rate_between(&pa, t_back + 500, t_back + 2500) / alone;
+        let next = 100.0 * rate_between(&pb, t_back + 500, t_back + 2500) / alone;
+        println!("{what}: b {stopped:.1}% from 200 ms after; resumed: a {back:.1}%, b {next:.1}%");
+        assert!(
+            stopped >= 90.0,
+            "b not back at full speed: {stopped:.1}%\n{ctx}"
+        );
+        within(back, 50.0, 5.0, "the resumed tenant", &ctx);
+        within(next, 50.0, 5.0, "b next to the resumed tenant", &ctx);
+    }
+}
+
+/// A hostile tenant at 50 sits still for 3 s while its page says it has batches in flight
+/// (to bank device time), then launches flat out: its neighbour at 50, saturating, still
+/// gets its share through the burst (≥ 45% of its solo rate, never more than 300 ms without
+/// progress), and the burster no more than its share (≤ 55%).
+#[test]
+fn privileged_a_tenant_cannot_bank_device_time_and_spend_it_later() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("clsbank");
+    let agent = w.agent();
+    let alone = solo(&w, &agent, saturating(2000));
+    let hostile = Cgroup::new(&unique("fgpu-cls-banker"));
+    w.set_limits(&hostile, &["--compute", "50"]);
+    let mut ts = vec![tenant(
+        &w,
+        "honest",
+        &["--compute", "50"],
+        &[saturating(7000)],
+    )];
+    let mut burst = start(&w, &hostile, &saturating(3000));
+    let forger = w.client(&hostile, &[], "forge-compute", &["3000", "1"]);
+    go(&mut ts);
+    let f = forger.finish();
+    let t_burst = mono_ns() / 1_000_000;
+    burst.release();
+    let b = burst.finish();
+    let honest = ts.pop().unwrap().procs.pop().unwrap().finish();
+    let ctx = format!(
+        "forger: {f}\nburst: {b}\nhonest: {honest}\nagent log:\n{}",
+        agent.log_text()
+    );
+    assert_eq!(f.code, Some(0), "{ctx}");
+    assert_eq!(b.code, Some(0), "{ctx}");
+    assert_eq!(honest.code, Some(0), "{ctx}");
+    let p = progress(&honest.lines);
+    let (t0, t1) = (t_burst + 300, t_burst + 2800);
+    let mut longest = 0;
+    for w2 in p
+        .windows(2)
+        .filter(|w2| w2[0].0 >= t_burst && w2[1].0 <= t1)
+    {
+        longest = if w2[1].1 == w2[0].1 {
+            longest + w2[1].0 - w2[0].0
+        } else {
+            0
+        };
+        assert!(
+            longest < 300,
+            "the honest tenant made no progress for {longest} ms in the burst\n{ctx}"
+        );
+    }
+    let got = 100.0 * rate_between(&p, t0, t1) / alone;
+    let theirs = 100.0 * rate(&b) / alone;
+    println!("after 3 s of forged queued work, the burst: honest {got:.1}%, burster {theirs:.1}%");
+    assert!(got >= 45.0, "honest tenant at {got:.1}%\n{ctx}");
+    assert!(theirs <= 55.0, "the burster got {theirs:.1}%\n{ctx}");
+}
+
+/// A hostile tenant at 50 writes into its own usage page, for 4 s, what would make a naive
+/// controller wait for it forever — fresh waiting and launch stamps for every process and
+/// device, huge queued work, measured GPU time that keeps it in turns — and never launches. Its neighbour at 50, saturating, still
+/// gets its share (≥ 45% of its solo rate) and is never held off the device for more than a
+/// turn and a drain (progress in every 300 ms).
+#[test]
+fn privileged_a_tenant_forging_its_page_cannot_hold_the_device() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("clsforge");
+    let agent = w.agent();
+    let alone = solo(&w, &agent, saturating(2000));
+    let hostile = Cgroup::new(&unique("fgpu-cls-forger"));
+    w.set_limits(&hostile, &["--compute", "50"]);
+    let mut ts = vec![tenant(
+        &w,
+        "honest",
+        &["--compute", "50"],
+        &[saturating(5000)],
+    )];
+    let forger = w.client(&hostile, &[], "forge-compute", &["4500"]);
+    go(&mut ts);
+    let f = forger.finish();
+    let honest = ts.pop().unwrap().procs.pop().unwrap().finish();
+    let ctx = format!(
+        "forger: {f}\nhonest: {honest}\nagent log:\n{}",
+        agent.log_text()
+    );
+    assert_eq!(f.code, Some(0), "{ctx}");
+    assert!(f.line("forge done").contains("writes="), "{ctx}");
+    assert_eq!(honest.code, Some(0), "{ctx}");
+    let p = progress(&honest.lines);
+    let (t0, t1) = (p[0].0 + 500, p[p.len() - 1].0);
+    let got = 100.0 * rate_between(&p, t0, t1) / alone;
+    let mut longest = 0;
+    for w2 in p.windows(2).filter(|w2| w2[0].0 >= t0) {
+        if w2[1].1 == w2[0].1 {
+            longest += w2[1].0 - w2[0].0;
+        } else {
+            longest = 0;
+        }
+        assert!(
+            longest < 300,
+            "the honest tenant made no progress for {longest} ms\n{ctx}"
+        );
+    }
+    println!("next to a tenant forging its page: honest tenant at {got:.1}% of its solo rate");
+    assert!(got >= 45.0, "honest tenant at {got:.1}%\n{ctx}");
+}
