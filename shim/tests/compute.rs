@@ -79,6 +79,50 @@ fn a_capped_process_gets_its_share_of_an_idle_device() {
     assert!(o.stderr.contains("compute capped at 30%"), "{o}");
 }
 
+/// The experiment overrides of the batch sizes (`FGPU_GATE_BATCH_US`,
+/// `FGPU_GATE_BATCH_GPU_US`): a CPU-bound launcher under a cap it does not reach (25 µs of
+/// host work before each 20 µs kernel, 200 a step and a sync, at 99%) makes at least 3 times
+/// fewer batches per launch with 8 ms batches than with the default 1 ms / 2 ms (a step is
+/// then one batch, closed at its sync); a bad value gives one line and the defaults.
+#[test]
+fn batch_size_overrides_change_how_often_the_gate_measures() {
+    let _quiet = shared();
+    let w = World::new("batchus");
+    let run = |env: &[(&str, &str)]| {
+        let mut all = vec![("FGPU_COMPUTE_SHARE", "99"), ("FGPU_LOG", "info")];
+        all.extend_from_slice(env);
+        let o = w.load(&all, &["steps-for", "600", "200", "sleep_20us", "0", "25"]);
+        assert_eq!(o.code, Some(0), "{o}");
+        o
+    };
+    let plain = run(&[]);
+    let big = run(&[
+        ("FGPU_GATE_BATCH_US", "8000"),
+        ("FGPU_GATE_BATCH_GPU_US", "8000"),
+    ]);
+    let (b1, b2) = (gate_stat(&plain, "batches"), gate_stat(&big, "batches"));
+    let (l1, l2) = (gate_stat(&plain, "launches"), gate_stat(&big, "launches"));
+    println!("CPU-bound launcher: {b1} batches for {l1} launches; with 8 ms batches {b2} for {l2}");
+    assert!(
+        big.stderr
+            .contains("FGPU_GATE_BATCH_US=8000: batch size override"),
+        "{big}"
+    );
+    // Per launch, so that a slower run (fewer launches) does not pass by itself.
+    assert!(
+        3 * b2 * l1 <= b1 * l2,
+        "batches {b1}/{l1} launches -> {b2}/{l2}\n{big}"
+    );
+    let bad = run(&[("FGPU_GATE_BATCH_US", "5ms")]);
+    let lines: Vec<_> = bad
+        .stderr
+        .lines()
+        .filter(|l| l.contains("FGPU_GATE_BATCH_US"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{bad}");
+    assert!(lines[0].contains("ignored"), "{bad}");
+}
+
 /// The per-thread-stream variants (`_ptsz`, through cuGetProcAddress flags) and the exported
 /// names (dlsym of the versioned symbols) are gated the same way.
 #[test]

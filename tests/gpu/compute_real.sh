@@ -125,7 +125,11 @@ reap() {
 worker() {
   local phase=$1 t=$2 n=$3 role=$4 mode=$5 secs=$6 warm=$7 go=$8
   local -a envs
-  if [ "$mode" = fgpu ]; then envs=(env LD_PRELOAD="$SHIM" FGPU_SOCKET="$SOCK" FGPU_LOG=info)
+  # SHIM_ENV="VAR=V ...": more variables for every process under the shim (the gate's
+  # experiment overrides, docs/compute.md).
+  # shellcheck disable=SC2206
+  local -a shim_env=(${SHIM_ENV:-})
+  if [ "$mode" = fgpu ]; then envs=(env LD_PRELOAD="$SHIM" FGPU_SOCKET="$SOCK" FGPU_LOG=info "${shim_env[@]}")
   elif [ "$mode" = fgpu-old ]; then envs=(env LD_PRELOAD="$SHIM_OLD" FGPU_SOCKET="$SOCK" FGPU_LOG=info)
   elif [ "$mode" = fgpu-local ]; then
     envs=(env LD_PRELOAD="$SHIM" FGPU_SOCKET=/nonexistent FGPU_COMPUTE_SHARE=99 FGPU_LOG=info)
@@ -343,7 +347,17 @@ gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for
   if want s50; then limits "--compute 50" "--compute 50" ""; phase "s50$v" a:matmul:fgpu b:graph:fgpu; fi
 }
 gated_phases ""
-if want toggle; then for r in ${TOGGLE_ROLES:-cnn decoder}; do toggle_phase "$r"; done; fi
+if want toggle; then
+  for r in ${TOGGLE_ROLES:-cnn decoder}; do toggle_phase "$r"; done
+  # SHIM_VARIANTS="NAME:VAR=V,VAR=V ...": the toggle phases again with those variables in the
+  # shim's environment (e.g. b8:FGPU_GATE_BATCH_US=8000,FGPU_GATE_BATCH_GPU_US=8000), phases
+  # toggle-ROLE%NAME.
+  for sv in ${SHIM_VARIANTS:-}; do
+    SHIM_ENV=$(echo "${sv#*:}" | tr ',' ' ')
+    for r in ${TOGGLE_ROLES:-cnn decoder}; do toggle_phase "$r" "%${sv%%:*}"; done
+  done
+  SHIM_ENV=
+fi
 stop_agent
 # VARIANTS="NAME:VAR=V,VAR=V ...": the gated mixes again under an agent started with those
 # variables (the controller's tuning overrides, docs/compute.md), phases named MIX@NAME.

@@ -22,6 +22,7 @@ mod batch;
 mod budget;
 mod driver;
 mod streams;
+mod tuning;
 
 use std::sync::Once;
 use std::sync::atomic::{
@@ -173,6 +174,7 @@ fn init() {
             Err(e) => error!("FGPU_COMPUTE_SHARE={v} ignored (no compute cap from it): {e}"),
         }
     }
+    tuning::read();
     scan_ledger();
     start_watcher();
     // SAFETY: registering a plain extern "C" function with no preconditions.
@@ -415,8 +417,8 @@ pub fn launch_on(
     let est = if inner.known[k] { inner.est[k] } else { 0 };
     budget::charge_local(d, m, est);
     let batch_gpu = match bound {
-        0 => BATCH_GPU_NS,
-        bound => (bound / 2).clamp(MIN_BATCH_GPU_NS, BATCH_GPU_NS),
+        0 => tuning::batch_gpu_ns(),
+        bound => (bound / 2).clamp(MIN_BATCH_GPU_NS, tuning::batch_gpu_ns()),
     };
     let known = inner.known[k];
     let close = {
@@ -426,7 +428,7 @@ pub fn launch_on(
         kind == Kind::Graph
             || !known
             || b.est >= batch_gpu
-            || now_ns().saturating_sub(b.at) >= BATCH_HOST_NS
+            || now_ns().saturating_sub(b.at) >= tuning::batch_host_ns()
     };
     if close {
         batch::close_batch(s, inner, d, m);
