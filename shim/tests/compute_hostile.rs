@@ -15,7 +15,7 @@ mod common;
 
 use common::agent::*;
 use common::classes::*;
-use common::tenants::{Moment, progress, rate_between, usage_of, wait_for};
+use common::tenants::{Moment, longest_stall, progress, rate_between, usage_of, wait_for};
 use fgpu_testkit::{Cgroup, mono_ns, privileged, unique};
 use std::time::Duration;
 
@@ -210,21 +210,11 @@ fn privileged_a_tenant_cannot_bank_device_time_and_spend_it_later() {
     assert_eq!(honest.code, Some(0), "{ctx}");
     let p = progress(&honest.lines);
     let (t0, t1) = (t_burst + 300, t_burst + 2800);
-    let mut longest = 0;
-    for w2 in p
-        .windows(2)
-        .filter(|w2| w2[0].0 >= t_burst && w2[1].0 <= t1)
-    {
-        longest = if w2[1].1 == w2[0].1 {
-            longest + w2[1].0 - w2[0].0
-        } else {
-            0
-        };
-        assert!(
-            longest < 300,
-            "the honest tenant made no progress for {longest} ms in the burst\n{ctx}"
-        );
-    }
+    let stall = longest_stall(&p, t_burst, t1);
+    assert!(
+        stall < 300,
+        "the honest tenant made no progress for {stall} ms in the burst\n{ctx}"
+    );
     let got = 100.0 * rate_between(&p, t0, t1) / alone;
     let theirs = 100.0 * rate(&b) / alone;
     println!("after 3 s of forged queued work, the burst: honest {got:.1}%, burster {theirs:.1}%");
@@ -267,18 +257,11 @@ fn privileged_a_tenant_forging_its_page_cannot_hold_the_device() {
     let p = progress(&honest.lines);
     let (t0, t1) = (p[0].0 + 500, p[p.len() - 1].0);
     let got = 100.0 * rate_between(&p, t0, t1) / alone;
-    let mut longest = 0;
-    for w2 in p.windows(2).filter(|w2| w2[0].0 >= t0) {
-        if w2[1].1 == w2[0].1 {
-            longest += w2[1].0 - w2[0].0;
-        } else {
-            longest = 0;
-        }
-        assert!(
-            longest < 300,
-            "the honest tenant made no progress for {longest} ms\n{ctx}"
-        );
-    }
+    let stall = longest_stall(&p, t0, t1);
+    assert!(
+        stall < 300,
+        "the honest tenant made no progress for {stall} ms\n{ctx}"
+    );
     println!("next to a tenant forging its page: honest tenant at {got:.1}% of its solo rate");
     assert!(got >= 45.0, "honest tenant at {got:.1}%\n{ctx}");
 }

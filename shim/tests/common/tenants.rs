@@ -215,3 +215,18 @@ pub fn rate_between(p: &[(u64, u64)], from: u64, to: u64) -> f64 {
         _ => panic!("no progress samples between {from} and {to}: {p:?}"),
     }
 }
+
+/// The longest run of progress samples within [from, to] (mono ms) with no step between them,
+/// ms: how long the tenant was held off the device.
+pub fn longest_stall(p: &[(u64, u64)], from: u64, to: u64) -> u64 {
+    let (mut run, mut longest) = (0, 0);
+    for w in p.windows(2).filter(|w| w[0].0 >= from && w[1].0 <= to) {
+        run = if w[1].1 == w[0].1 {
+            run + w[1].0 - w[0].0
+        } else {
+            0
+        };
+        longest = longest.max(run);
+    }
+    longest
+}
