@@ -123,6 +123,45 @@ fn batch_size_overrides_change_how_often_the_gate_measures() {
     assert!(lines[0].contains("ignored"), "{bad}");
 }
 
+/// `FGPU_GATE_PROFILE=1` times the gated path: one exit line with as many launches as the gate
+/// saw, the real launch calls' time inside the path's, and one timed event record per record
+/// the gate made; without it, no such line.
+#[test]
+fn the_gate_profile_says_where_the_gated_path_spends_its_time() {
+    let _quiet = shared();
+    let w = World::new("gateprof");
+    let args = ["steps-for", "400", "200", "sleep_20us", "0", "25"];
+    let env = [("FGPU_COMPUTE_SHARE", "99"), ("FGPU_LOG", "info")];
+    let o = w.load(&[env[0], env[1], ("FGPU_GATE_PROFILE", "1")], &args);
+    assert_eq!(o.code, Some(0), "{o}");
+    let line = o
+        .stderr
+        .lines()
+        .find(|l| l.contains("compute gate profile:"))
+        .unwrap_or_else(|| panic!("no profile line\n{o}"));
+    println!("{line}");
+    let num = |key: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.split('/').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    assert_eq!(num("launches="), gate_stat(&o, "launches"), "{o}");
+    assert!(
+        num("launch_ns=") > 0 && num("launch_ns=") < num("path_ns="),
+        "{line}"
+    );
+    assert_eq!(
+        num("event_record="),
+        gate_stat(&o, "events_recorded"),
+        "{line}"
+    );
+    // The gate's own share of a launch on the simulator is well under 5 µs.
+    assert!(num("gate_ns_per_launch=") < 5_000, "{line}");
+    let plain = w.load(&env, &args);
+    assert!(!plain.stderr.contains("compute gate profile"), "{plain}");
+}
+
 /// The per-thread-stream variants (`_ptsz`, through cuGetProcAddress flags) and the exported
 /// names (dlsym of the versioned symbols) are gated the same way.
 #[test]

@@ -5,8 +5,10 @@
 # setting: the shim's fast path), the same process and CPUs, the setting flipped between.
 #   OUT=/some/dir bash bundle/tests/gpu/gate_profile.sh
 # Writes $OUT/perf-{gated,ungated}.txt (top symbols by DSO, self time) and a short summary
-# last: samples per DSO in each state and the process's CPU time per step. Without perf on the
-# machine it says so and only compares the step rates.
+# last: samples per DSO in each state, the process's CPU time per step, and the shim's own
+# profile of its gated launches (FGPU_GATE_PROFILE=1: the gate's host time per launch and
+# each kind of driver call it makes). Without perf (the H200 image has none) it says so.
+# SHIM_ENV="VAR=V ..." adds variables for the worker (e.g. FGPU_GATE_BATCH_US=8000).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 B=$(cd "$HERE/../.." && pwd)
@@ -38,7 +40,7 @@ for _ in $(seq 150); do [ -S "$ADMIN" ] && break; sleep 0.1; done
 fgpu() { "$FGPU" "$@" --socket "$ADMIN"; }
 total=$((6 * SECS + 8))
 sh -c "echo \$\$ > $CG/cgroup.procs; exec unshare --pid --fork --mount-proc --kill-child \"\$@\"" sh \
-  timeout -k 5 $((total + 60)) env LD_PRELOAD="$SHIM" FGPU_SOCKET="$SOCK" "$PY" "$HERE/workloads.py" cnn \
+  timeout -k 5 $((total + 60)) env LD_PRELOAD="$SHIM" FGPU_SOCKET="$SOCK" FGPU_LOG=info FGPU_GATE_PROFILE=1 ${SHIM_ENV:-} "$PY" "$HERE/workloads.py" cnn \
   --seconds "$total" --warmup 1 --ready "$WORK/ready" --go "$WORK/go" > "$OUT/worker.log" 2>&1 &
 w=$!
 for _ in $(seq 1200); do [ -f "$WORK/ready" ] && break; kill -0 $w 2>/dev/null || break; sleep 0.1; done
@@ -86,6 +88,8 @@ PYEOF
 for state in gated ungated; do
   [ -s "$OUT/perf-dso-$state.txt" ] && { echo "== perf $state (self time by DSO)"; head -8 "$OUT/perf-dso-$state.txt"; }
 done
-[ -n "$have_perf" ] || echo "INFO: no perf on this machine: step rates only"
+[ -n "$have_perf" ] || echo "INFO: no perf on this machine: step rates and the gate's own profile only"
+# The gate's own timing of its gated launches (FGPU_GATE_PROFILE=1, docs/compute.md).
+grep -h "compute gate" "$OUT/worker.log" || echo "INFO: no gate lines in the worker's log"
 [ -s "$OUT/perf-gated.txt" ] && { echo "== gated, top symbols"; head -25 "$OUT/perf-gated.txt"; }
 exit 0

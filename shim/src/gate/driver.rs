@@ -14,6 +14,7 @@ use std::ffi::{c_int, c_uint};
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::STATS;
+use super::profile::{Call, timed};
 use crate::config::MAX_ORDINALS;
 use crate::hip::real as hip;
 use crate::real::{self, CUresult, Handle, Sym};
@@ -57,7 +58,7 @@ pub fn capturing(api: Api, stream: usize) -> bool {
     };
     let mut st: c_int = 0;
     // SAFETY: cu/hipStreamIsCapturing(stream, status*) with a valid out-pointer.
-    let rc = unsafe { f(stream as Handle, &mut st) };
+    let rc = timed(Call::Capturing, || unsafe { f(stream as Handle, &mut st) });
     let cap = rc != CUDA_SUCCESS || st != 0;
     if cap {
         STATS.capture_skips.fetch_add(1, Relaxed);
@@ -84,7 +85,7 @@ impl RelaxedCapture {
         };
         let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: cu/hipThreadExchangeStreamCaptureMode(mode*), valid pointer.
-        let rc = unsafe { f(&mut mode) };
+        let rc = timed(Call::Exchange, || unsafe { f(&mut mode) });
         RelaxedCapture((rc == CUDA_SUCCESS).then_some((mode, api)))
     }
 }
@@ -95,7 +96,7 @@ impl Drop for RelaxedCapture {
             && let Some(f) = exchange_mode(api)
         {
             // SAFETY: as in `enter`: restores the thread's previous mode.
-            unsafe { f(&mut mode) };
+            timed(Call::Exchange, || unsafe { f(&mut mode) });
         }
     }
 }
@@ -132,7 +133,9 @@ pub fn event_record(api: Api, ev: usize, stream: usize) -> bool {
     };
     // SAFETY: cu/hipEventRecord(event, stream): our event, the caller's (non-capturing)
     // stream.
-    let ok = unsafe { f(ev as Handle, stream as Handle) } == CUDA_SUCCESS;
+    let ok = timed(Call::Record, || unsafe {
+        f(ev as Handle, stream as Handle)
+    }) == CUDA_SUCCESS;
     if ok {
         STATS.events_recorded.fetch_add(1, Relaxed);
     }
@@ -142,7 +145,7 @@ pub fn event_record(api: Api, ev: usize, stream: usize) -> bool {
 pub fn event_query(api: Api, ev: usize) -> CUresult {
     match pick(api, &real::CU_EVENT_QUERY, &hip::HIP_EVENT_QUERY) {
         // SAFETY: cu/hipEventQuery(event) on our event.
-        Some(f) => unsafe { f(ev as Handle) },
+        Some(f) => timed(Call::Query, || unsafe { f(ev as Handle) }),
         None => CUDA_SUCCESS,
     }
 }
@@ -155,7 +158,7 @@ pub fn stream_idle(api: Api, stream: usize) -> bool {
     };
     let _relaxed = RelaxedCapture::enter(api);
     // SAFETY: cu/hipStreamQuery(stream) on the caller's stream; it only reports.
-    unsafe { f(stream as Handle) == CUDA_SUCCESS }
+    timed(Call::StreamQuery, || unsafe { f(stream as Handle) }) == CUDA_SUCCESS
 }
 
 /// GPU time between two completed events, in ns.
@@ -168,7 +171,9 @@ pub fn elapsed_ns(api: Api, start: usize, end: usize) -> Option<i64> {
     }?;
     let mut ms: f32 = 0.0;
     // SAFETY: cu/hipEventElapsedTime(float*, event, event) with a valid out-pointer.
-    let rc = unsafe { f(&mut ms, start as Handle, end as Handle) };
+    let rc = timed(Call::Elapsed, || unsafe {
+        f(&mut ms, start as Handle, end as Handle)
+    });
     (rc == CUDA_SUCCESS && ms.is_finite()).then(|| ((f64::from(ms) * 1e6) as i64).max(0))
 }
 
@@ -182,7 +187,7 @@ pub fn current_ctx(api: Api) -> usize {
     };
     let mut c: Handle = std::ptr::null_mut();
     // SAFETY: cuCtxGetCurrent(CUcontext*) with a valid out-pointer.
-    if unsafe { f(&mut c) } != CUDA_SUCCESS {
+    if timed(Call::Context, || unsafe { f(&mut c) }) != CUDA_SUCCESS {
         return 0;
     }
     c as usize

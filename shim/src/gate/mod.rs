@@ -21,6 +21,7 @@
 mod batch;
 mod budget;
 mod driver;
+mod profile;
 mod streams;
 mod tuning;
 
@@ -175,6 +176,7 @@ fn init() {
         }
     }
     tuning::read();
+    profile::read();
     scan_ledger();
     start_watcher();
     // SAFETY: registering a plain extern "C" function with no preconditions.
@@ -304,6 +306,9 @@ fn forget_outstanding() {
 }
 
 extern "C" fn report() {
+    // The profile covers every gated launch, also when the process ends ungated (a setting
+    // removed while it ran).
+    profile::report();
     if STATE.load(Relaxed) != ON {
         return;
     }
@@ -345,6 +350,8 @@ pub fn launch_on(
     if !enabled() {
         return call();
     }
+    let _span = profile::span();
+    let call = move || profile::timed(profile::Call::Launch, call);
     check_generation();
     let now = now_ns();
     let (key, rec) = streams::stream_key(api, stream as usize, ptsz);
