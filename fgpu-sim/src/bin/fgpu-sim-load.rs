@@ -20,7 +20,8 @@
 //!   steps-for MS K KERNEL GAP_US [SPIN_US] (K launches + sync + GAP_US of host time,
 //!                                repeated for MS ms; SPIN_US of host work before each
 //!                                launch: a CPU-bound launcher; a `steps-at mono_ms= steps=`
-//!                                line every 100 ms)
+//!                                line every 100 ms; the last line says how long the launch
+//!                                calls and the synchronisations took: launch_ms= sync_ms=)
 //!   steps-threads MS T K KERNEL GAP_US (steps-for on T threads at once, each on a stream of
 //!                                its own; steps counted over all threads)
 //!   stress THREADS PAIRS SIZE   (THREADS threads × PAIRS cuMemAlloc_v2 + cuMemFree_v2 each)
@@ -34,7 +35,7 @@ mod size;
 
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::io::{Read, Write};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 type Ptr = *mut c_void;
 
@@ -768,11 +769,16 @@ impl Driver {
         let t = Instant::now();
         let mut steps = 0u64;
         let mut next_report = 0u64;
+        // Where a step's time goes: in launch calls, and in the synchronisation.
+        let (mut in_launch, mut in_sync) = (Duration::ZERO, Duration::ZERO);
         let rc = match self.function(kernel) {
             Err(rc) => rc,
             Ok(f) => loop {
                 let rc = if spin_us == 0 {
-                    self.launch_n(f, k, 0)
+                    let l = Instant::now();
+                    let rc = self.launch_n(f, k, 0);
+                    in_launch += l.elapsed();
+                    rc
                 } else {
                     // A CPU-bound launcher (a framework's Python between kernels): SPIN_US of
                     // host work before each launch.
@@ -782,13 +788,18 @@ impl Driver {
                             while Instant::now() < until {
                                 std::hint::spin_loop();
                             }
-                            self.launch_n(f, 1, 0)
+                            let l = Instant::now();
+                            let rc = self.launch_n(f, 1, 0);
+                            in_launch += l.elapsed();
+                            rc
                         })
                         .find(|&rc| rc != 0)
                         .unwrap_or(0)
                 };
+                let y = Instant::now();
                 // SAFETY: no arguments.
                 let sync = unsafe { (self.api.ctx_synchronize)() };
+                in_sync += y.elapsed();
                 if rc != 0 || sync != 0 {
                     break if rc != 0 { rc } else { sync };
                 }
@@ -810,7 +821,10 @@ impl Driver {
         self.report(
             rc,
             format!(
-                "steps-for ok steps={steps} k={k} kernel={kernel} gap_us={gap_us} elapsed_ms={elapsed:.1}"
+                "steps-for ok steps={steps} k={k} kernel={kernel} gap_us={gap_us} elapsed_ms={elapsed:.1} \
+                 launch_ms={:.1} sync_ms={:.1}",
+                in_launch.as_secs_f64() * 1e3,
+                in_sync.as_secs_f64() * 1e3
             ),
             format!("steps-for fail rc={rc} kernel={kernel}"),
         );
