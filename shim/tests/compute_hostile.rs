@@ -173,6 +173,61 @@ fn privileged_a_frozen_or_stopped_tenant_never_stalls_the_others_and_comes_back(
     }
 }
 
+/// A container running two processes loses one to SIGKILL while it holds the turn with work
+/// in flight: the other process keeps the container's share (50 ± 5% of one process alone),
+/// the neighbour container keeps its own (50 ± 5) and is never held off the device for
+/// 300 ms (the dead process's queued work and stamps go with its slot).
+#[test]
+fn privileged_a_two_process_container_keeps_its_share_when_one_is_killed() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("clskill2p");
+    let agent = w.agent();
+    let alone = solo(&w, &agent, saturating(2000));
+    let mut ts = vec![
+        tenant(
+            &w,
+            "two",
+            &["--compute", "50"],
+            &[saturating(7000), saturating(7000)],
+        ),
+        tenant(&w, "one", &["--compute", "50"], &[saturating(7000)]),
+    ];
+    go(&mut ts);
+    std::thread::sleep(Duration::from_millis(1500));
+    let victim = workload_pids(&ts[0])[0];
+    assert!(
+        wait_for(usage_of(victim), Moment::Holding),
+        "the two-process container never seen holding with work in flight"
+    );
+    // SAFETY: signalling the test's own workload process.
+    assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
+    let t_kill = mono_ns() / 1_000_000;
+    let one = ts.pop().unwrap().procs.pop().unwrap().finish();
+    let mut two = ts.pop().unwrap();
+    let survivor = two.procs.pop().unwrap().finish();
+    let ctx = format!(
+        "survivor: {survivor}\none: {one}\nagent log:\n{}",
+        agent.log_text()
+    );
+    assert_eq!(survivor.code, Some(0), "{ctx}");
+    assert_eq!(one.code, Some(0), "{ctx}");
+    let (ps, po) = (progress(&survivor.lines), progress(&one.lines));
+    let stall = longest_stall(&po, t_kill, t_kill + 2500);
+    let mine = 100.0 * rate_between(&ps, t_kill + 500, t_kill + 2500) / alone;
+    let theirs = 100.0 * rate_between(&po, t_kill + 500, t_kill + 2500) / alone;
+    println!(
+        "one of two processes SIGKILLed while holding: the survivor {mine:.1}%, the neighbour \
+         {theirs:.1}% (longest stall {stall} ms)"
+    );
+    assert!(stall < 300, "the neighbour stalled {stall} ms\n{ctx}");
+    within(mine, 50.0, 5.0, "the surviving process", &ctx);
+    within(theirs, 50.0, 5.0, "the neighbour", &ctx);
+    let _ = std::fs::write(two.cg.dir.join("cgroup.kill"), "1");
+    two.procs.clear();
+}
+
 /// A hostile tenant at 50 sits still for 3 s while its page says it has batches in flight
 /// (to bank device time), then launches flat out: its neighbour at 50, saturating, still
 /// gets its share through the burst (≥ 45% of its solo rate, never more than 300 ms without

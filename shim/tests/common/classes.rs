@@ -156,3 +156,17 @@ pub fn workload_pid(t: &Tenant) -> u32 {
         .find(|&p| p != parent)
         .unwrap_or_else(|| panic!("no workload process in {}", t.cg.path))
 }
+
+/// The workload process of each of a tenant's processes (the child of its `unshare`).
+pub fn workload_pids(t: &Tenant) -> Vec<u32> {
+    t.procs
+        .iter()
+        .map(|p| {
+            let pid = p.pid();
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .ok()
+                .and_then(|c| c.split_whitespace().next()?.parse().ok())
+                .unwrap_or_else(|| panic!("no workload process under {pid} in {}", t.cg.path))
+        })
+        .collect()
+}
