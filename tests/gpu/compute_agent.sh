@@ -15,13 +15,7 @@
 # `fgpu status` during each phase under the agent in $OUT/status-PHASE.{txt,json}.
 # About 4-5 minutes; every worker has its own timeout and the whole script stops at 540 s.
 set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-B=$(cd "$HERE/../.." && pwd)
-FGPU=$B/bin/fgpu
-SHIM=$B/lib/libfgpu.so
-PY=${PY:-/opt/torch/.venv/bin/python3}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-OUT=${OUT:-/tmp/fgpu-out}
+. "$(dirname "$0")/env.sh"  # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 SECS=${SECS:-10}   # measured seconds of a shared phase (after WARM s of warm-up)
 WARM=${WARM:-3}
 # Two doors: shims get the containers' socket (alone in its directory), the CLI the admin one

@@ -26,13 +26,7 @@
 # $OUT/PHASE-TENANT-N.log, `fgpu status --json` near the end of each gated phase in
 # $OUT/status-PHASE.json, the agent's log (debug lines of the controller) in $OUT/agent.log.
 set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-B=$(cd "$HERE/../.." && pwd)
-FGPU=$B/bin/fgpu
-SHIM=$B/lib/libfgpu.so
-PY=${PY:-/opt/torch/.venv/bin/python3}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-OUT=${OUT:-/tmp/fgpu-out}
+. "$(dirname "$0")/env.sh"  # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 SECS=${SECS:-6}   # measured seconds of a phase (after WARM s of warm-up)
 WARM=${WARM:-2}
 SOCK=/tmp/fgpu-real/fgpu.sock

@@ -10,13 +10,7 @@
 # each kind of driver call it makes). Without perf (the H200 image has none) it says so.
 # SHIM_ENV="VAR=V ..." adds variables for the worker (e.g. FGPU_GATE_BATCH_US=8000).
 set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-B=$(cd "$HERE/../.." && pwd)
-FGPU=$B/bin/fgpu
-SHIM=$B/lib/libfgpu.so
-PY=${PY:-/opt/torch/.venv/bin/python3}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-OUT=${OUT:-/tmp/fgpu-out}
+. "$(dirname "$0")/env.sh"  # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 SECS=${PROF_SECS:-4}
 SOCK=/tmp/fgpu-prof/fgpu.sock
 ADMIN=/tmp/fgpu-prof-admin/fgpu.sock

@@ -17,13 +17,7 @@
 #            12 GiB total): killed (exit 137) by the agent's per-GPU reconcile.
 # PASS/FAIL lines and a table last ($OUT/two_gpu.txt); details in $OUT.
 set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-B=$(cd "$HERE/../.." && pwd)
-FGPU=$B/bin/fgpu
-SHIM=$B/lib/libfgpu.so
-PY=${PY:-/opt/torch/.venv/bin/python3}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-OUT=${OUT:-/tmp/fgpu-out}
+. "$(dirname "$0")/env.sh"  # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 WORK=$(mktemp -d /tmp/fgpu-2gpu.XXXX)
 SOCK=$WORK/run/fgpu.sock
 ADMIN=$WORK/admin/fgpu.sock
