@@ -85,20 +85,22 @@ pub fn refresh() {
 }
 
 /// The fast path: if `FAST[$i]` holds the real function, call it with the arguments as they
-/// came (LLVM emits a tail jump).
+/// came (LLVM emits a tail jump). `FAST` is the calling module's (this one's for CUDA,
+/// crate::hip::launch's for HIP).
 macro_rules! fast {
     ($i:literal, $ty:ty, ($($a:ident),*)) => {
         let p = FAST[$i].load(Relaxed);
         if p != 0 {
             // SAFETY: FAST[$i] only ever holds 0 or the address to call for this entry point
-            // (RAWS[$i]: the driver's function or its hook's trampoline), whose C signature
-            // is $ty.
+            // (RAWS[$i]: the driver's or runtime's function, or its hook's trampoline), whose
+            // C signature is $ty.
             let f = unsafe { std::mem::transmute::<usize, $ty>(p) };
             // SAFETY: forwarding the caller's arguments unchanged.
             return unsafe { f($($a),*) };
         }
     };
 }
+pub(crate) use fast;
 
 type KernelFn = unsafe extern "C" fn(
     Handle,
@@ -139,14 +141,15 @@ fn config_stream(config: *const LaunchConfigHead) -> Handle {
 
 /// One launch entry point: the exported wrapper (fast path: [`fast!`], then a tail call of
 /// the real function) and its gated path, kept out of line so that the fast path stays a
-/// tail jump.
+/// tail jump. The gated path calls the calling module's `gated(entry, kind, stream,
+/// per_thread, call)` (this one's for CUDA, crate::hip::launch's for HIP).
 macro_rules! launch_entry {
-    ($i:literal $name:ident / $slow:ident: $ty:ty = $real:ident, $kind:expr, ptsz $ptsz:literal,
-     stream $stream:expr, ($($a:ident: $t:ty),*)) => {
+    ($i:literal $name:ident / $slow:ident: $ty:ty = $real:ident -> $ret:ty, $kind:expr,
+     $_per_thread:ident $pt:literal, stream $stream:expr, ($($a:ident: $t:ty),*)) => {
         /// # Safety
-        /// The CUDA driver API contract of the entry point of this name.
+        /// The driver or runtime API contract of the entry point of this name.
         #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+        pub unsafe extern "C" fn $name($($a: $t),*) -> $ret {
             fast!($i, $ty, ($($a),*));
             // SAFETY: forwarding the caller's arguments unchanged (same contract).
             unsafe { $slow($($a),*) }
@@ -158,39 +161,53 @@ macro_rules! launch_entry {
         /// As for the exported entry point.
         #[cold]
         #[inline(never)]
-        unsafe extern "C" fn $slow($($a: $t),*) -> CUresult {
+        unsafe extern "C" fn $slow($($a: $t),*) -> $ret {
             let real = real_or_3!(real::$real);
-            gate::launch($kind, $stream, $ptsz, || {
+            gated($i, $kind, $stream, $pt, || {
                 // SAFETY: forwarding the caller's arguments unchanged.
                 unsafe { real($($a),*) }
             })
         }
     };
 }
+pub(crate) use launch_entry;
 
-launch_entry!(0 cuLaunchKernel / slow_cuLaunchKernel: KernelFn = CU_LAUNCH_KERNEL,
+/// The gated path shared by every CUDA entry point (`ptsz`: stream 0 is the per-thread
+/// stream); `call` makes the real launch.
+#[inline(always)]
+fn gated(
+    _entry: usize,
+    kind: Kind,
+    stream: Handle,
+    ptsz: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    gate::launch(kind, stream, ptsz, call)
+}
+
+launch_entry!(0 cuLaunchKernel / slow_cuLaunchKernel: KernelFn = CU_LAUNCH_KERNEL -> CUresult,
     Kind::Kernel, ptsz false, stream stream,
     (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
      shmem: c_uint, stream: Handle, params: Params, extra: Params));
-launch_entry!(1 cuLaunchKernel_ptsz / slow_cuLaunchKernel_ptsz: KernelFn = CU_LAUNCH_KERNEL_PTSZ,
+launch_entry!(1 cuLaunchKernel_ptsz / slow_cuLaunchKernel_ptsz: KernelFn = CU_LAUNCH_KERNEL_PTSZ -> CUresult,
     Kind::Kernel, ptsz true, stream stream,
     (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
      shmem: c_uint, stream: Handle, params: Params, extra: Params));
-launch_entry!(2 cuLaunchKernelEx / slow_cuLaunchKernelEx: KernelExFn = CU_LAUNCH_KERNEL_EX,
+launch_entry!(2 cuLaunchKernelEx / slow_cuLaunchKernelEx: KernelExFn = CU_LAUNCH_KERNEL_EX -> CUresult,
     Kind::Kernel, ptsz false, stream config_stream(config),
     (config: *const LaunchConfigHead, f: Handle, params: Params, extra: Params));
-launch_entry!(3 cuLaunchKernelEx_ptsz / slow_cuLaunchKernelEx_ptsz: KernelExFn = CU_LAUNCH_KERNEL_EX_PTSZ,
+launch_entry!(3 cuLaunchKernelEx_ptsz / slow_cuLaunchKernelEx_ptsz: KernelExFn = CU_LAUNCH_KERNEL_EX_PTSZ -> CUresult,
     Kind::Kernel, ptsz true, stream config_stream(config),
     (config: *const LaunchConfigHead, f: Handle, params: Params, extra: Params));
-launch_entry!(4 cuLaunchCooperativeKernel / slow_cuLaunchCooperativeKernel: CoopFn = CU_LAUNCH_COOPERATIVE_KERNEL,
+launch_entry!(4 cuLaunchCooperativeKernel / slow_cuLaunchCooperativeKernel: CoopFn = CU_LAUNCH_COOPERATIVE_KERNEL -> CUresult,
     Kind::Kernel, ptsz false, stream stream,
     (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
      shmem: c_uint, stream: Handle, params: Params));
-launch_entry!(5 cuLaunchCooperativeKernel_ptsz / slow_cuLaunchCooperativeKernel_ptsz: CoopFn = CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ,
+launch_entry!(5 cuLaunchCooperativeKernel_ptsz / slow_cuLaunchCooperativeKernel_ptsz: CoopFn = CU_LAUNCH_COOPERATIVE_KERNEL_PTSZ -> CUresult,
     Kind::Kernel, ptsz true, stream stream,
     (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
      shmem: c_uint, stream: Handle, params: Params));
-launch_entry!(6 cuGraphLaunch / slow_cuGraphLaunch: GraphFn = CU_GRAPH_LAUNCH,
+launch_entry!(6 cuGraphLaunch / slow_cuGraphLaunch: GraphFn = CU_GRAPH_LAUNCH -> CUresult,
     Kind::Graph, ptsz false, stream stream, (exec: Handle, stream: Handle));
-launch_entry!(7 cuGraphLaunch_ptsz / slow_cuGraphLaunch_ptsz: GraphFn = CU_GRAPH_LAUNCH_PTSZ,
+launch_entry!(7 cuGraphLaunch_ptsz / slow_cuGraphLaunch_ptsz: GraphFn = CU_GRAPH_LAUNCH_PTSZ -> CUresult,
     Kind::Graph, ptsz true, stream stream, (exec: Handle, stream: Handle));

@@ -17,6 +17,7 @@
 use super::alloc::real_or_3;
 use super::real::{self, Dim3, HipError};
 use crate::gate::{self, Api, Kind};
+use crate::launch::{fast, launch_entry};
 use crate::real::{Handle, Raw};
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -116,21 +117,6 @@ fn gated(
     super::nested(|| gate::launch_on(Api::Hip, kind, stream, spt, call))
 }
 
-/// The fast path: if `FAST[$i]` holds the real function, call it with the arguments as they
-/// came.
-macro_rules! fast {
-    ($i:literal, $ty:ty, ($($a:ident),*)) => {
-        let p = FAST[$i].load(Relaxed);
-        if p != 0 {
-            // SAFETY: FAST[$i] only ever holds 0 or the real entry point RAWS[$i], whose C
-            // signature is $ty.
-            let f = unsafe { std::mem::transmute::<usize, $ty>(p) };
-            // SAFETY: forwarding the caller's arguments unchanged.
-            return unsafe { f($($a),*) };
-        }
-    };
-}
-
 type KernelFn = unsafe extern "C" fn(*const c_void, Dim3, Dim3, Params, usize, Handle) -> HipError;
 type ExtFn = unsafe extern "C" fn(
     *const c_void,
@@ -158,51 +144,21 @@ type ModuleFn = unsafe extern "C" fn(
 ) -> HipError;
 type GraphFn = unsafe extern "C" fn(Handle, Handle) -> HipError;
 
-/// One launch entry point: the exported wrapper (fast path) and its gated path, kept out of
-/// line so that the fast path stays short.
-macro_rules! launch_entry {
-    ($i:literal $name:ident / $slow:ident: $ty:ty = $real:ident, $kind:expr, spt $spt:literal,
-     stream $stream:ident, ($($a:ident: $t:ty),*)) => {
-        /// # Safety
-        /// The HIP API contract of the entry point of this name.
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> HipError {
-            fast!($i, $ty, ($($a),*));
-            // SAFETY: forwarding the caller's arguments unchanged (same contract).
-            unsafe { $slow($($a),*) }
-        }
-
-        /// The gated path of the entry point.
-        ///
-        /// # Safety
-        /// As for the exported entry point.
-        #[cold]
-        #[inline(never)]
-        unsafe extern "C" fn $slow($($a: $t),*) -> HipError {
-            let real = real_or_3!(real::$real);
-            gated($i, $kind, $stream, $spt, || {
-                // SAFETY: forwarding the caller's arguments unchanged.
-                unsafe { real($($a),*) }
-            })
-        }
-    };
-}
-
-launch_entry!(0 hipLaunchKernel / slow_hipLaunchKernel: KernelFn = HIP_LAUNCH_KERNEL,
+launch_entry!(0 hipLaunchKernel / slow_hipLaunchKernel: KernelFn = HIP_LAUNCH_KERNEL -> HipError,
     Kind::Kernel, spt false, stream stream,
     (f: *const c_void, grid: Dim3, block: Dim3, args: Params, shmem: usize, stream: Handle));
-launch_entry!(1 hipLaunchKernel_spt / slow_hipLaunchKernel_spt: KernelFn = HIP_LAUNCH_KERNEL_SPT,
+launch_entry!(1 hipLaunchKernel_spt / slow_hipLaunchKernel_spt: KernelFn = HIP_LAUNCH_KERNEL_SPT -> HipError,
     Kind::Kernel, spt true, stream stream,
     (f: *const c_void, grid: Dim3, block: Dim3, args: Params, shmem: usize, stream: Handle));
-launch_entry!(2 hipModuleLaunchKernel / slow_hipModuleLaunchKernel: ModuleFn = HIP_MODULE_LAUNCH_KERNEL,
+launch_entry!(2 hipModuleLaunchKernel / slow_hipModuleLaunchKernel: ModuleFn = HIP_MODULE_LAUNCH_KERNEL -> HipError,
     Kind::Kernel, spt false, stream stream,
     (f: Handle, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint,
      shmem: c_uint, stream: Handle, params: Params, extra: Params));
-launch_entry!(3 hipExtLaunchKernel / slow_hipExtLaunchKernel: ExtFn = HIP_EXT_LAUNCH_KERNEL,
+launch_entry!(3 hipExtLaunchKernel / slow_hipExtLaunchKernel: ExtFn = HIP_EXT_LAUNCH_KERNEL -> HipError,
     Kind::Kernel, spt false, stream stream,
     (f: *const c_void, grid: Dim3, block: Dim3, args: Params, shmem: usize, stream: Handle,
      start: Handle, stop: Handle, flags: c_int));
-launch_entry!(4 hipGraphLaunch / slow_hipGraphLaunch: GraphFn = HIP_GRAPH_LAUNCH,
+launch_entry!(4 hipGraphLaunch / slow_hipGraphLaunch: GraphFn = HIP_GRAPH_LAUNCH -> HipError,
     Kind::Graph, spt false, stream stream, (exec: Handle, stream: Handle));
-launch_entry!(5 hipGraphLaunch_spt / slow_hipGraphLaunch_spt: GraphFn = HIP_GRAPH_LAUNCH_SPT,
+launch_entry!(5 hipGraphLaunch_spt / slow_hipGraphLaunch_spt: GraphFn = HIP_GRAPH_LAUNCH_SPT -> HipError,
     Kind::Graph, spt true, stream stream, (exec: Handle, stream: Handle));
