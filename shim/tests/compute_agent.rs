@@ -71,26 +71,7 @@ fn privileged_two_tenants_at_30_70_get_their_shares() {
         ),
         tenant(&w, "k70", &["--compute", "70"], &KERNELS_10S),
     ];
-    let (results, status) = run_together(&w, &agent, &mut ts, 6000);
-    let shares: Vec<f64> = results.iter().map(|r| share(&r[0])).collect();
-    println!(
-        "30/70 over 10 s: graphs {:.1}%, kernels {:.1}%, device busy {:.1}%",
-        shares[0],
-        shares[1],
-        shares[0] + shares[1]
-    );
-    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
-    assert!((shares[0] - 30.0).abs() <= 3.0, "{ctx}");
-    assert!((shares[1] - 70.0).abs() <= 3.0, "{ctx}");
-    assert!(shares[0] + shares[1] >= 95.0, "work-conserving: {ctx}");
-    let (cfg, used) = status_compute(&status, &ts[0].cg.path);
-    println!(
-        "fgpu status during the run: {} share {cfg:?}% used {used:?}%",
-        ts[0].cg.path
-    );
-    assert_eq!(cfg, Some(30), "{status}");
-    let used = used.unwrap_or_else(|| panic!("no achieved share in {status}"));
-    assert!((used - 30.0).abs() <= 5.0, "{status}");
+    expect_30_70("", &w, &agent, &mut ts);
 }
 
 /// Three tenants at 20 / 30 / 50 for 10 s: each within ±3 points.

@@ -102,6 +102,33 @@ pub fn run_together(
     (out, status)
 }
 
+/// Runs a tenant at 30 and one at 70 together (`run_together`, status 6 s in) and checks what
+/// both the CUDA and the HIP tests promise: each within ±3 points of its share, the device
+/// ≥ 95% busy, and `fgpu status` showing the 30% one's setting and an achieved share within
+/// ±5. `label` names the pair in the printed figures.
+pub fn expect_30_70(label: &str, w: &AgentWorld, agent: &Agent, ts: &mut [Tenant]) {
+    let (results, status) = run_together(w, agent, ts, 6000);
+    let shares: Vec<f64> = results.iter().map(|r| share(&r[0])).collect();
+    println!(
+        "{label}30/70 over 10 s: graphs {:.1}%, kernels {:.1}%, device busy {:.1}%",
+        shares[0],
+        shares[1],
+        shares[0] + shares[1]
+    );
+    let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
+    assert!((shares[0] - 30.0).abs() <= 3.0, "{ctx}");
+    assert!((shares[1] - 70.0).abs() <= 3.0, "{ctx}");
+    assert!(shares[0] + shares[1] >= 95.0, "work-conserving: {ctx}");
+    let (cfg, used) = status_compute(&status, &ts[0].cg.path);
+    println!(
+        "fgpu status during the run: {} share {cfg:?}% used {used:?}%",
+        ts[0].cg.path
+    );
+    assert_eq!(cfg, Some(30), "{status}");
+    let used = used.unwrap_or_else(|| panic!("no achieved share in {status}"));
+    assert!((used - 30.0).abs() <= 5.0, "{status}");
+}
+
 /// The compute figures of `cgroup` in a `fgpu status --json` report: (share, used %).
 pub fn status_compute(status: &str, cgroup: &str) -> (Option<u64>, Option<f64>) {
     let v: serde_json::Value = serde_json::from_str(status).expect("status JSON");
