@@ -293,24 +293,11 @@ fn graph_launches_are_gated() {
 /// Best (lowest) ns per launch of `bench-launch N KERNEL` over `rounds`, with and without
 /// the shim, runs interleaved.
 fn bench(w: &World, kernel: &str, n: &str, rounds: usize) -> (f64, f64) {
-    let (mut bare, mut shim) = (f64::MAX, f64::MAX);
-    for _ in 0..rounds {
-        for preload in [false, true] {
-            let mut c = w.cmd(&w.load, preload);
-            c.args(["bench-launch", n, kernel]);
-            let o = run(c, 60);
-            assert_eq!(o.code, Some(0), "{o}");
-            let line = o.lines("bench-launch ok")[0];
-            let v: f64 = line
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("ns_per_launch="))
-                .and_then(|v| v.parse().ok())
-                .unwrap();
-            let best = if preload { &mut shim } else { &mut bare };
-            *best = best.min(v);
-        }
-    }
-    (bare, shim)
+    best_ns_per_launch(rounds, |preload| {
+        let mut c = w.cmd(&w.load, preload);
+        c.args(["bench-launch", n, kernel]);
+        c
+    })
 }
 
 /// (d) Without a limit the launch entry points are still ours (so that a share set later

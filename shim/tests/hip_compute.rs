@@ -266,21 +266,9 @@ fn hip_graph_launches_are_gated_and_the_capture_is_not_charged() {
 /// Best (lowest) ns per launch of `bench-launch N KERNEL` over `rounds`, with and without
 /// the shim, runs interleaved.
 fn bench(hw: &HipWorld, n: &str, rounds: usize) -> (f64, f64) {
-    let (mut bare, mut shim) = (f64::MAX, f64::MAX);
-    for _ in 0..rounds {
-        for preload in [false, true] {
-            let o = run(hw.cmd(&[], &["bench-launch", n, "sleep_0us"], preload), 60);
-            assert_eq!(o.code, Some(0), "{o}");
-            let v = o.lines("bench-launch ok")[0]
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("ns_per_launch="))
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap();
-            let best = if preload { &mut shim } else { &mut bare };
-            *best = best.min(v);
-        }
-    }
-    (bare, shim)
+    best_ns_per_launch(rounds, |preload| {
+        hw.cmd(&[], &["bench-launch", n, "sleep_0us"], preload)
+    })
 }
 
 /// Without a cap the HIP launch entry points are still ours (a share set later reaches the

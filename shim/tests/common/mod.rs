@@ -266,6 +266,26 @@ fn reader<R: Read + Send + 'static>(r: R) -> std::thread::JoinHandle<String> {
 }
 
 /// Runs `c` to completion; panics if it takes longer than `secs`.
+/// The lowest `ns_per_launch=` of `rounds` `bench-launch` runs without and with the shim,
+/// interleaved: `cmd(preload)` makes one run's command.
+pub fn best_ns_per_launch(rounds: usize, cmd: impl Fn(bool) -> Command) -> (f64, f64) {
+    let (mut bare, mut shim) = (f64::MAX, f64::MAX);
+    for _ in 0..rounds {
+        for preload in [false, true] {
+            let o = run(cmd(preload), 60);
+            assert_eq!(o.code, Some(0), "{o}");
+            let v: f64 = o.lines("bench-launch ok")[0]
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("ns_per_launch="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no ns_per_launch in {o}"));
+            let best = if preload { &mut shim } else { &mut bare };
+            *best = best.min(v);
+        }
+    }
+    (bare, shim)
+}
+
 pub fn run(mut c: Command, secs: u64) -> Out {
     let mut child = c.spawn().expect("spawn");
     let out = reader(child.stdout.take().unwrap());
