@@ -10,7 +10,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use common::{Agent, Cgroup, Load, SimState, privileged, unique};
@@ -47,8 +46,7 @@ fn by_gpu(row: Option<&serde_json::Value>) -> BTreeMap<u64, u64> {
         .unwrap_or_default()
 }
 
-/// `fgpu-sim-load ARGS` in `cg` (own PID namespace), optionally under the shim, with
-/// `CUDA_VISIBLE_DEVICES=visible` where given; printing `exit=STATUS` when it ends.
+/// `fgpu-sim-load ARGS` in `cg` (context overhead 300 MiB): [`common::spawn_sim_load`].
 fn spawn(
     cg: &Cgroup,
     state: &SimState,
@@ -56,21 +54,7 @@ fn spawn(
     visible: Option<&str>,
     args: &[&str],
 ) -> Load {
-    let load = common::sim_dir().join("fgpu-sim-load");
-    let mut all = vec!["-c", "\"$0\" \"$@\"; echo exit=$?", load.to_str().unwrap()];
-    all.extend_from_slice(args);
-    let shim = Path::new(env!("CARGO_BIN_EXE_fgpu")).with_file_name("libfgpu.so");
-    let socket = agent.map(|a| a.socket.to_string_lossy().into_owned());
-    let mut env: Vec<(&str, &str)> = Vec::new();
-    if let Some(socket) = &socket {
-        env.push(("LD_PRELOAD", shim.to_str().unwrap()));
-        env.push(("FGPU_SOCKET", socket));
-        env.push(("FGPU_CONTEXT_OVERHEAD", "300MiB"));
-    }
-    if let Some(v) = visible {
-        env.push(("CUDA_VISIBLE_DEVICES", v));
-    }
-    Load::spawn_env(cg, &state.0, Path::new("/bin/sh"), &all, &env)
+    common::spawn_sim_load(cg, state, agent, visible, "300MiB", args)
 }
 
 fn alloc_lines(load: &Load) -> Vec<String> {

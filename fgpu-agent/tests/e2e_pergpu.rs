@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::{Agent, Cgroup, Load, SimState, privileged, unique};
@@ -36,9 +35,7 @@ fn json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_str(&ok(out)).expect("JSON from fgpu")
 }
 
-/// `fgpu-sim-load ARGS` in `cg` (own PID namespace), under the shim when `agent` is given
-/// (context overhead 0, so that limits are exact), with `CUDA_VISIBLE_DEVICES=visible`
-/// where given; printing `exit=STATUS` when it ends.
+/// `fgpu-sim-load ARGS` in `cg` (context overhead 0, so that limits are exact): [`common::spawn_sim_load`].
 fn spawn(
     cg: &Cgroup,
     state: &SimState,
@@ -46,21 +43,7 @@ fn spawn(
     visible: Option<&str>,
     args: &[&str],
 ) -> Load {
-    let load = common::sim_dir().join("fgpu-sim-load");
-    let mut all = vec!["-c", "\"$0\" \"$@\"; echo exit=$?", load.to_str().unwrap()];
-    all.extend_from_slice(args);
-    let shim = Path::new(env!("CARGO_BIN_EXE_fgpu")).with_file_name("libfgpu.so");
-    let socket = agent.map(|a| a.socket.to_string_lossy().into_owned());
-    let mut env: Vec<(&str, &str)> = Vec::new();
-    if let Some(socket) = &socket {
-        env.push(("LD_PRELOAD", shim.to_str().unwrap()));
-        env.push(("FGPU_SOCKET", socket));
-        env.push(("FGPU_CONTEXT_OVERHEAD", "0"));
-    }
-    if let Some(v) = visible {
-        env.push(("CUDA_VISIBLE_DEVICES", v));
-    }
-    Load::spawn_env(cg, &state.0, Path::new("/bin/sh"), &all, &env)
+    common::spawn_sim_load(cg, state, agent, visible, "0", args)
 }
 
 /// Runs a shim workload to its end (`hold` last: the caller checks status meanwhile) and

@@ -366,3 +366,31 @@ pub fn ok(out: &std::process::Output) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// `fgpu-sim-load ARGS` in `cg` (own PID namespace) on the simulated node of `state`, under
+/// the shim when `agent` is given (with `FGPU_CONTEXT_OVERHEAD=context`), with
+/// `CUDA_VISIBLE_DEVICES=visible` where given; printing `exit=STATUS` when it ends.
+pub fn spawn_sim_load(
+    cg: &Cgroup,
+    state: &SimState,
+    agent: Option<&Agent>,
+    visible: Option<&str>,
+    context: &str,
+    args: &[&str],
+) -> Load {
+    let load = sim_dir().join("fgpu-sim-load");
+    let mut all = vec!["-c", "\"$0\" \"$@\"; echo exit=$?", load.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let shim = Path::new(env!("CARGO_BIN_EXE_fgpu")).with_file_name("libfgpu.so");
+    let socket = agent.map(|a| a.socket.to_string_lossy().into_owned());
+    let mut env: Vec<(&str, &str)> = Vec::new();
+    if let Some(socket) = &socket {
+        env.push(("LD_PRELOAD", shim.to_str().unwrap()));
+        env.push(("FGPU_SOCKET", socket));
+        env.push(("FGPU_CONTEXT_OVERHEAD", context));
+    }
+    if let Some(v) = visible {
+        env.push(("CUDA_VISIBLE_DEVICES", v));
+    }
+    Load::spawn_env(cg, &state.0, Path::new("/bin/sh"), &all, &env)
+}
