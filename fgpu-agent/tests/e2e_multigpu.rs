@@ -77,14 +77,7 @@ fn privileged_two_and_four_gpus_figures_budgets_and_backstop_land_on_the_right_g
 
 /// Every check on a node of `gpus` simulated GPUs, with an agent and state file of its own.
 fn node_of(gpus: u32) {
-    let state = SimState::new();
-    // SAFETY: the only test of this binary; nothing else reads the environment now.
-    unsafe {
-        std::env::set_var("FGPU_SIM_STATE", &state.0);
-        std::env::set_var("FGPU_SIM_DEVICES", gpus.to_string());
-        std::env::set_var("FGPU_SIM_MEMORY", "16GiB");
-    }
-    let agent = Agent::start();
+    let (state, agent) = common::sim_node(gpus);
 
     // 1. Bypassing processes: every kernel-probed allocation path, under the CUDA ordinals
     //    of `CUDA_VISIBLE_DEVICES`, lands on the physical GPU (NVML index) it is on.

@@ -100,14 +100,7 @@ fn privileged_per_gpu_memory_limits_stop_at_each_gpus_own_limit() {
     if !privileged() {
         return;
     }
-    let state = SimState::new();
-    // SAFETY: the only test of this binary; nothing else reads the environment now.
-    unsafe {
-        std::env::set_var("FGPU_SIM_STATE", &state.0);
-        std::env::set_var("FGPU_SIM_DEVICES", "2");
-        std::env::set_var("FGPU_SIM_MEMORY", "16GiB");
-    }
-    let agent = Agent::start();
+    let (state, agent) = common::sim_node(2);
 
     // 1. 1 GiB on GPU 1 only, by index.
     let one = Cgroup::new(&unique("fgpu-e2e-pergpu-one"));

@@ -28,14 +28,7 @@ fn privileged_per_gpu_compute_shares_gate_their_gpu_only() {
     if !privileged() {
         return;
     }
-    let state = SimState::new();
-    // SAFETY: the only test of this binary; nothing else reads the environment now.
-    unsafe {
-        std::env::set_var("FGPU_SIM_STATE", &state.0);
-        std::env::set_var("FGPU_SIM_DEVICES", "2");
-        std::env::set_var("FGPU_SIM_MEMORY", "16GiB");
-    }
-    let agent = Agent::start();
+    let (state, agent) = common::sim_node(2);
     let a = Cgroup::new(&unique("fgpu-e2e-pgc-a"));
     let b = Cgroup::new(&unique("fgpu-e2e-pgc-b"));
     ok(&agent.cli(&["limit", "set", &a.path, "--compute", "30", "--gpu", "1"]));

@@ -394,3 +394,18 @@ pub fn spawn_sim_load(
     }
     Load::spawn_env(cg, &state.0, Path::new("/bin/sh"), &all, &env)
 }
+
+/// A simulated node of `gpus` GPUs of 16 GiB and the agent on it (for tests that are the only
+/// test of their binary: the simulator's settings go through this process's environment,
+/// which every process it starts inherits).
+pub fn sim_node(gpus: u32) -> (SimState, Agent) {
+    let state = SimState::new();
+    // SAFETY: the only test of its binary (callers' contract); nothing else reads the
+    // environment now.
+    unsafe {
+        std::env::set_var("FGPU_SIM_STATE", &state.0);
+        std::env::set_var("FGPU_SIM_DEVICES", gpus.to_string());
+        std::env::set_var("FGPU_SIM_MEMORY", "16GiB");
+    }
+    (state, Agent::start())
+}
