@@ -82,8 +82,8 @@ fn a_capped_process_gets_its_share_of_an_idle_device() {
 /// The experiment overrides of the batch sizes (`FGPU_GATE_BATCH_US`,
 /// `FGPU_GATE_BATCH_GPU_US`): a CPU-bound launcher under a cap it does not reach (25 µs of
 /// host work before each 20 µs kernel, 200 a step and a sync, at 99%) makes at least 3 times
-/// fewer batches per launch with 8 ms batches than with the default 1 ms / 2 ms (a step is
-/// then one batch, closed at its sync); a bad value gives one line and the defaults.
+/// fewer batches per launch with 8 ms batches than with 0.5 ms ones (a step is then one batch,
+/// closed at its sync, instead of about ten); a bad value gives one line and the defaults.
 #[test]
 fn batch_size_overrides_change_how_often_the_gate_measures() {
     let _quiet = shared();
@@ -95,14 +95,19 @@ fn batch_size_overrides_change_how_often_the_gate_measures() {
         assert_eq!(o.code, Some(0), "{o}");
         o
     };
-    let plain = run(&[]);
+    let plain = run(&[
+        ("FGPU_GATE_BATCH_US", "500"),
+        ("FGPU_GATE_BATCH_GPU_US", "500"),
+    ]);
     let big = run(&[
         ("FGPU_GATE_BATCH_US", "8000"),
         ("FGPU_GATE_BATCH_GPU_US", "8000"),
     ]);
     let (b1, b2) = (gate_stat(&plain, "batches"), gate_stat(&big, "batches"));
     let (l1, l2) = (gate_stat(&plain, "launches"), gate_stat(&big, "launches"));
-    println!("CPU-bound launcher: {b1} batches for {l1} launches; with 8 ms batches {b2} for {l2}");
+    println!(
+        "CPU-bound launcher: 0.5 ms batches {b1} for {l1} launches; 8 ms batches {b2} for {l2}"
+    );
     assert!(
         big.stderr
             .contains("FGPU_GATE_BATCH_US=8000: batch size override"),

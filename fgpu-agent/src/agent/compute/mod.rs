@@ -348,8 +348,13 @@ impl Controller {
         if active_min.is_finite() {
             for k in &ids {
                 let t = tenants.get_mut(k).expect("tenant");
-                if t.idle(now, IDLE_NS) {
-                    t.vtime = t.vtime.max(active_min);
+                if t.idle(now, IDLE_NS) && t.vtime < active_min {
+                    tracing::trace!(
+                        cgroup = %t.ledger.cgroup,
+                        behind_ms = (active_min - t.vtime) * t.weight() / 1e6,
+                        "compute: idle tenant brought level (no banking)"
+                    );
+                    t.vtime = active_min;
                 }
             }
         }
