@@ -5,12 +5,7 @@
 # limits of 8 GiB and 16 GiB set by `fgpu limit set`, PyTorch under the shim in each at once;
 # then a process without the shim in the 8 GiB one allocating past the limit. Table last.
 set -u
-B=$(cd "$(dirname "$0")/../.." && pwd)
-FGPU=$B/bin/fgpu
-SHIM=$B/lib/libfgpu.so
-PY=${PY:-/opt/torch/.venv/bin/python3}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-OUT=${OUT:-/tmp/fgpu-out}
+. "$(dirname "$0")/env.sh" # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 WORK=$(mktemp -d /tmp/fgpu-lim.XXXX)
 # Two doors: the containers' socket (what shims get, alone in its directory) and the admin
 # socket the CLI uses (limits are refused on the containers' door).

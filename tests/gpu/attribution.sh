@@ -3,12 +3,8 @@
 #   bash bundle/tests/gpu/attribution.sh          (OUT=folder for details, default /tmp/fgpu-out)
 # Needs root, the real driver, /opt/torch/.venv/bin/python3 (PyTorch). Prints a table last.
 set -u
-B=$(cd "$(dirname "$0")/../.." && pwd)          # the bundle
-FGPU=$B/bin/fgpu
+. "$(dirname "$0")/env.sh" # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 LOAD=$B/sim/fgpu-sim-load
-PY=${PY:-/opt/torch/.venv/bin/python3}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-OUT=${OUT:-/tmp/fgpu-out}
 SOCK=/tmp/fgpu-attr.sock
 WORK=$(mktemp -d /tmp/fgpu-attr.XXXX)
 CG=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)

@@ -14,13 +14,9 @@
 # a process without the shim in the 1 GiB one (the kernel backstop kills it), and the
 # containers' removal (their limits go with their cgroups). Table last.
 set -u
-B=$(cd "$(dirname "$0")/../.." && pwd)
-FGPU=$B/bin/fgpu
-SHIM=$B/lib/libfgpu.so
 SIM=${SIM:-0}
-if [ "$SIM" = 1 ]; then PY=${PY:-python3}; else PY=${PY:-/opt/torch/.venv/bin/python3}; fi
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-OUT=${OUT:-/tmp/fgpu-out}
+if [ "$SIM" = 1 ]; then PY=${PY:-python3}; fi
+. "$(dirname "$0")/env.sh" # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 WORK=$(mktemp -d /tmp/fgpu-ctr.XXXX)
 SOCK=$WORK/run/fgpu.sock
 ADMIN=$WORK/admin/fgpu.sock

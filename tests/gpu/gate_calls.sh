@@ -3,10 +3,7 @@
 # decoder-like step under the shim's standalone gate (FGPU_COMPUTE_SHARE=99), interleaved
 # twice. From the bundle's parent: OUT=/some/dir bash bundle/tests/gpu/gate_calls.sh
 set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-B=$(cd "$HERE/../.." && pwd)
-PY=${PY:-/opt/torch/.venv/bin/python3}
-OUT=${OUT:-/tmp/fgpu-out}
+. "$(dirname "$0")/env.sh" # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 mkdir -p "$OUT"
 export PATH=/usr/local/nvidia/bin:$PATH
 unset LD_PRELOAD FGPU_SOCKET FGPU_COMPUTE_SHARE FGPU_MEMORY_LIMIT

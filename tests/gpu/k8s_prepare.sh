@@ -8,13 +8,8 @@
 # for B) with a container cgroup each, PyTorch under the shim in its own PID namespace. Then
 # NodeUnprepareResources and the limits are gone. Table last; details under $OUT.
 set -u
-B=$(cd "$(dirname "$0")/../.." && pwd)
-FGPU=$B/bin/fgpu
+. "$(dirname "$0")/env.sh" # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 KUBELET=$B/bin/fgpu-test-kubelet
-SHIM=$B/lib/libfgpu.so
-PY=${PY:-/opt/torch/.venv/bin/python3}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-OUT=${OUT:-/tmp/fgpu-out}
 WORK=$(mktemp -d /tmp/fgpu-k8s.XXXX)
 CG=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)
 BASE=fgpu-k8s-$$

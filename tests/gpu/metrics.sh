@@ -7,12 +7,7 @@
 # a scrape compared with `fgpu status --json`, `fgpu top --once`, then the containers end and
 # their series must be gone. Scrapes, status and logs under $OUT; a table last. About 1 min.
 set -u
-B=$(cd "$(dirname "$0")/../.." && pwd)
-FGPU=$B/bin/fgpu
-SHIM=$B/lib/libfgpu.so
-PY=${PY:-/opt/torch/.venv/bin/python3}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-OUT=${OUT:-/tmp/fgpu-out}
+. "$(dirname "$0")/env.sh" # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 WORK=$(mktemp -d /tmp/fgpu-met.XXXX)
 SOCK=$WORK/run/fgpu.sock
 ADMIN=$WORK/admin/fgpu.sock

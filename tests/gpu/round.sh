@@ -8,9 +8,7 @@
 # pass through to the scripts; SHIM_LIMITS_ONLY="torch default;two processes" picks
 # shim_limits.sh's steps. Each script's last 30 lines are printed at the end.
 set -u
-HERE=$(cd "$(dirname "$0")" && pwd)
-B=$(cd "$HERE/../.." && pwd)
-OUT=${OUT:-/tmp/fgpu-out}
+. "$(dirname "$0")/env.sh" # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 mkdir -p "$OUT/details"
 declare -A rc=() took=()
 for name in "$@"; do

@@ -11,12 +11,7 @@
 #     as it can: the kernel kills it at the allocation that crosses (16 tensors fit).
 # Every worker runs under `timeout`; details under $OUT; a short table last.
 set -u
-B=$(cd "$(dirname "$0")/../.." && pwd)
-FGPU=$B/bin/fgpu
-SHIM=$B/lib/libfgpu.so
-PY=${PY:-/opt/torch/.venv/bin/python3}
-LIBCUDA=${LIBCUDA:-/usr/local/nvidia/lib64/libcuda.so.1}
-OUT=${OUT:-/tmp/fgpu-out}
+. "$(dirname "$0")/env.sh" # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
 SOCK=/tmp/fgpu-trust/fgpu.sock          # the containers' socket (shims), alone in its directory
 ADMIN=/tmp/fgpu-trust-admin/fgpu.sock   # the admin socket (the CLI), never in a container
 mkdir -p "$(dirname "$SOCK")"
