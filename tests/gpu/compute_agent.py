@@ -46,22 +46,10 @@ GATE_RE = re.compile(r"compute gate: (launches=\d+.*)$")
 # ---- worker ----------------------------------------------------------------------------------
 
 
-def barrier(ready, go, timeout=150.0):
-    """Says this worker is set up, then waits for the driver's start time."""
-    with open(ready, "w") as f:
-        f.write(str(os.getpid()))
-    deadline = time.time() + timeout
-    while not os.path.exists(go):
-        if time.time() > deadline:
-            raise SystemExit(f"no start signal ({go}) within {timeout:.0f} s")
-        time.sleep(0.005)
-    with open(go) as f:
-        return float(f.read().strip())
-
-
 def run_worker(args):
     sys.path.insert(0, HERE)
     import compute_share as cs  # the loops; torch is imported inside its functions
+    from workloads import barrier  # the start barrier the other GPU scripts' workers use
 
     orig_loop, orig_emit = cs.throttled_loop, cs.emit
     info = {"warmup_s": args.warmup}

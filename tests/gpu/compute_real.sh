@@ -206,7 +206,7 @@ kill_phase() {
     kill -0 $pa 2>/dev/null && kill -0 $pb 2>/dev/null && kill -0 $pc 2>/dev/null || break
     sleep 0.1
   done
-  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/kill.go"
+  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/kill.go.tmp" && mv "$WORK/kill.go.tmp" "$WORK/kill.go"
   sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.5 + 5 }')"
   victim=$(pgrep -f "kill\.a\.1\.ready" | while read -r p; do
     grep -q workloads.py "/proc/$p/cmdline" 2>/dev/null && ! grep -q timeout "/proc/$p/comm" && echo "$p"; done | tail -1)
@@ -234,7 +234,7 @@ toggle_phase() { # ROLE [SUFFIX]
   echo "== $ph: a $r alone, --compute 50 / none every second"
   worker "$ph" a 1 "$r" fgpu 16 "$WARM" "$WORK/$ph.go"; p=$!
   for _ in $(seq 1200); do [ -f "$WORK/$ph.a.1.ready" ] && break; kill -0 $p 2>/dev/null || break; sleep 0.1; done
-  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/$ph.go"
+  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/$ph.go.tmp" && mv "$WORK/$ph.go.tmp" "$WORK/$ph.go"
   echo "$ph start $(cat "$WORK/$ph.go")" >> "$OUT/phases.txt"
   sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.5 }')"
   for i in $(seq 7); do

@@ -32,12 +32,17 @@ def barrier(ready, go, timeout=150.0):
     with open(ready, "w") as f:
         f.write(str(os.getpid()))
     deadline = time.time() + timeout
-    while not os.path.exists(go):
+    # The start time, once the file holds one whole (a writer that does not rename a
+    # finished file into place may be seen half-written: read again).
+    while True:
+        try:
+            with open(go) as f:
+                return float(f.read().strip())
+        except (OSError, ValueError):
+            pass
         if time.time() > deadline:
             raise SystemExit(f"no start signal ({go}) within {timeout:.0f} s")
         time.sleep(0.005)
-    with open(go) as f:
-        return float(f.read().strip())
 
 
 def build(role):
