@@ -47,7 +47,21 @@ def main():
         print(f"CALL {a.label} {name} {ns:.0f}", flush=True)
 
     if not a.steps_only:
-        timeit("python-noop(ctypes overhead)", lambda: cu.cuCtxGetCurrent(ctypes.byref(ctx)))
+        # What a call through ctypes costs by itself (a libc function that does nothing
+        # much), then the calls the gate makes on every gated launch: cuCtxGetCurrent (the
+        # default streams' key) and the host clock (one reading a launch; on a VM whose
+        # clocksource the vDSO cannot read, each is a system call — compare the two lines).
+        libc = ctypes.CDLL(None, use_errno=True)
+        ts = (ctypes.c_long * 2)()
+        timeit("ctypes-baseline(libc labs)", lambda: libc.labs(1))
+        timeit("cuCtxGetCurrent", lambda: cu.cuCtxGetCurrent(ctypes.byref(ctx)))
+        timeit("clock_gettime(MONOTONIC, vDSO)", lambda: libc.clock_gettime(1, ts))
+        timeit("clock_gettime(MONOTONIC, syscall)", lambda: libc.syscall(228, 1, ts))
+        try:
+            cs = open("/sys/devices/system/clocksource/clocksource0/current_clocksource").read().strip()
+        except OSError:
+            cs = "unknown"
+        print(f"CLOCKSOURCE {a.label} {cs}", flush=True)
         timeit("cuStreamQuery(idle legacy)", lambda: cu.cuStreamQuery(None))
         timeit("cuStreamIsCapturing", lambda: cu.cuStreamIsCapturing(None, ctypes.byref(st)))
         timeit("cuThreadExchangeStreamCaptureMode", lambda: cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)))

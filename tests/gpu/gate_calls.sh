@@ -13,4 +13,4 @@ for i in 1 2; do
     "$PY" "$HERE/gate_calls.py" --steps-only --label "gated$i"
   [ -f "$B/lib/old/libfgpu.so" ] && timeout -k 5 60 env LD_PRELOAD="$B/lib/old/libfgpu.so" FGPU_SOCKET=/nonexistent \
     FGPU_COMPUTE_SHARE=99 FGPU_LOG=info "$PY" "$HERE/gate_calls.py" --steps-only --label "old$i"
-done 2>&1 | tee "$OUT/gate_calls.txt" | grep -E "^(CALL|STEP)|compute gate"
+done 2>&1 | tee "$OUT/gate_calls.txt" | grep -E "^(CALL|STEP|CLOCKSOURCE)|compute gate"

@@ -312,24 +312,28 @@ impl Drop for Waiting {
 }
 
 /// Waits until device `d` admits a launch into `stream`, calling `before_wait` once before
-/// the first sleep. False (at once, not charged) if `stream` turned out to be capturing:
-/// nothing runs now, so nothing waits. `settle` settles this process's completed batches
-/// and says whether some are still outstanding.
+/// the first sleep; `now` is the caller's reading of the clock (the common case, admitted at
+/// once, reads it no more). The time it was admitted at (`now` unless it slept), or None (at
+/// once, not charged) if `stream` turned out to be capturing: nothing runs now, so nothing
+/// waits. `settle` settles this process's completed batches and says whether some are still
+/// outstanding.
 pub fn admit(
     d: &Dev,
     mut m: u8,
+    now: u64,
     capturing: impl Fn() -> bool,
     settle: impl Fn() -> bool,
     before_wait: impl FnOnce(),
-) -> bool {
+) -> Option<u64> {
     let mut before_wait = Some(before_wait);
     let mut checked = false;
     let mut started = 0u64;
     let mut beat_seen = u64::MAX;
     let mut beat_since = 0u64;
     let mut waiting = Waiting(None);
+    let mut first = Some(now);
     loop {
-        let now = now_ns();
+        let now = first.take().unwrap_or_else(now_ns);
         let mut sleep = 0u64;
         if m & M_LOCAL != 0 {
             refill(d, now);
@@ -371,12 +375,12 @@ pub fn admit(
                 STATS.waits.fetch_add(1, Relaxed);
                 STATS.wait_ns.fetch_add(now - started, Relaxed);
             }
-            return true;
+            return Some(now);
         }
         if !checked {
             checked = true;
             if capturing() {
-                return false;
+                return None;
             }
             started = now;
             if let Some(f) = before_wait.take() {

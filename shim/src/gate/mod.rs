@@ -381,6 +381,7 @@ pub fn launch_on(
     let admitted = budget::admit(
         d,
         m,
+        now,
         || driver::capturing(api, rec),
         || settle_all(false),
         || {
@@ -389,9 +390,11 @@ pub fn launch_on(
             }
         },
     );
-    if !admitted {
+    // One clock reading per launch admitted at once (on some VMs a reading is a system
+    // call): the batch's host time below is counted from it too.
+    let Some(now) = admitted else {
         return call(); // capturing: recorded into a graph, charged when the graph runs
-    }
+    };
     // Admission may have switched the device to its local fallback.
     let m = d.mode.load(Acquire);
     let bound = budget::launched(d, m);
@@ -435,7 +438,7 @@ pub fn launch_on(
         kind == Kind::Graph
             || !known
             || b.est >= batch_gpu
-            || now_ns().saturating_sub(b.at) >= tuning::batch_host_ns()
+            || now.saturating_sub(b.at) >= tuning::batch_host_ns()
     };
     if close {
         batch::close_batch(s, inner, d, m);
