@@ -104,7 +104,7 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
         }
         // Whatever is left of a (stopped, or the unshare of a killed one) goes with its
         // cgroup.
-        let _ = std::fs::write(a.cg.dir.join("cgroup.kill"), "1");
+        a.cg.kill();
         a.procs.clear();
     }
 }
@@ -224,7 +224,7 @@ fn privileged_a_two_process_container_keeps_its_share_when_one_is_killed() {
     assert!(stall < 300, "the neighbour stalled {stall} ms\n{ctx}");
     within(mine, 50.0, 5.0, "the surviving process", &ctx);
     within(theirs, 50.0, 5.0, "the neighbour", &ctx);
-    let _ = std::fs::write(two.cg.dir.join("cgroup.kill"), "1");
+    two.cg.kill();
     two.procs.clear();
 }
 

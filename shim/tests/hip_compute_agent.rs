@@ -204,7 +204,7 @@ fn privileged_a_killed_hip_tenant_never_stalls_its_cuda_neighbour() {
             (mine - 50.0).abs() <= 5.0,
             "the newcomer's share {mine:.1}\n{ctx}"
         );
-        let _ = std::fs::write(a.dir.join("cgroup.kill"), "1");
+        a.kill();
         drop(victim);
     }
 }

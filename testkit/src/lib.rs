@@ -64,6 +64,11 @@ pub struct Cgroup {
 }
 
 impl Cgroup {
+    /// SIGKILLs every process in the cgroup (`cgroup.kill`); the cgroup stays.
+    pub fn kill(&self) {
+        let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
+    }
+
     /// `name` may contain `/` (a child of another test cgroup).
     pub fn new(name: &str) -> Self {
         let dir = cgroup2_mount().join(name);
@@ -113,7 +118,7 @@ impl Cgroup {
 
 impl Drop for Cgroup {
     fn drop(&mut self) {
-        let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
+        self.kill();
         let deadline = Instant::now() + Duration::from_secs(5);
         while std::fs::remove_dir(&self.dir).is_err() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));

@@ -377,7 +377,7 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
                 .collect(),
         })
         .collect();
-    let (limited, statics): (Vec<Limited>, Vec<crate::api::Limit>) = {
+    let (limited, effective): (Vec<Limited>, Vec<crate::api::Limit>) = {
         let store = state.limits.lock().expect("limits lock");
         let limited = store
             .all()
@@ -397,22 +397,22 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
                 })
             })
             .collect();
-        let effective: Vec<crate::api::Limit> = ledgers
+        let effective = ledgers
             .iter()
             .map(|l| store.effective(&l.cgroup).0)
             .collect();
         (limited, effective)
     };
     // Per-GPU compute settings follow the device records shims bound since the last change.
-    for (l, e) in ledgers.iter().zip(&statics) {
+    for (l, e) in ledgers.iter().zip(&effective) {
         if !e.compute_gpus.is_empty() || !e.compute_cap_gpus.is_empty() {
             l.refresh_compute(e);
         }
     }
-    let statics = statics.iter().map(|e| e.memory_bytes);
     let devices: Vec<u32> = uuids.keys().copied().collect();
     let plans = plan(&views, &limited, tree, &devices);
-    for ((ledger, plan), fallback) in ledgers.iter().zip(&plans).zip(statics) {
+    let fallbacks = effective.iter().map(|e| e.memory_bytes);
+    for ((ledger, plan), fallback) in ledgers.iter().zip(&plans).zip(fallbacks) {
         // Records no shim has bound to a device yet get the lowest of the devices' budgets
         // (exact on one GPU), so that the first allocations after binding are covered too.
         let unbound = plan.limit.values().min().copied().or(fallback);
