@@ -286,7 +286,15 @@ fn privileged_eight_threads_ten_thousand_pairs_each_exact_and_nothing_dropped() 
         &state.0,
         &["alloc", "64MiB", "stress", "8", "10000", "1MiB", "hold"],
     );
-    let line = load.expect_line("stress");
+    let line = load.expect_line_or("stress", || {
+        let log = agent.log_text();
+        let tail: Vec<_> = log.lines().rev().take(20).collect();
+        format!(
+            "\nthe agent's counters: {}\nthe agent's last lines: {:#?}",
+            agent.detail()["counters"],
+            tail.into_iter().rev().collect::<Vec<_>>()
+        )
+    });
     assert!(line.starts_with("stress ok"), "{line}");
     load.expect_line("ready");
     let row = agent

@@ -79,6 +79,8 @@ pub fn run(args: &TestArgs) -> Result<()> {
     let status = child.wait()?;
 
     println!();
+    // Last, so that a log cut to its head and tail still says why each test failed.
+    tally.print_failures();
     if args.unprivileged {
         println!("privileged end-to-end tests: SKIPPED (--unprivileged, not root)");
     } else {
@@ -100,7 +102,12 @@ pub fn run(args: &TestArgs) -> Result<()> {
     Ok(())
 }
 
-/// Counts from libtest's output.
+/// The most lines of one failure's panic message kept for the digest.
+const DIGEST_LINES: usize = 12;
+/// The most characters of one line kept for the digest.
+const DIGEST_WIDTH: usize = 400;
+
+/// Counts from libtest's output, and the start of each failure's panic message.
 #[derive(Debug, Default)]
 struct Tally {
     passed: u64,
@@ -108,10 +115,35 @@ struct Tally {
     ignored: u64,
     privileged_passed: u64,
     privileged_failed: u64,
+    /// (test name, the lines from its `panicked at` on).
+    failures: Vec<(String, Vec<String>)>,
+    /// Inside a `---- NAME stdout ----` section: has its panic line been seen yet?
+    in_failure: Option<bool>,
 }
 
 impl Tally {
     fn read(&mut self, line: &str) {
+        if let Some(name) = line
+            .strip_prefix("---- ")
+            .and_then(|r| r.strip_suffix(" stdout ----"))
+        {
+            self.failures.push((name.to_string(), Vec::new()));
+            self.in_failure = Some(false);
+            return;
+        }
+        if let Some(panicked) = self.in_failure {
+            if line == "failures:" || line.starts_with("stack backtrace:") {
+                self.in_failure = None;
+            } else if panicked || line.contains("panicked at") {
+                self.in_failure = Some(true);
+                if let Some((_, lines)) = self.failures.last_mut()
+                    && lines.len() < DIGEST_LINES
+                {
+                    lines.push(line.chars().take(DIGEST_WIDTH).collect());
+                }
+            }
+            return;
+        }
         if let Some(rest) = line.strip_prefix("test result: ") {
             self.passed += field(rest, "passed");
             self.failed += field(rest, "failed");
@@ -125,6 +157,25 @@ impl Tally {
                 self.privileged_failed += 1;
             }
         }
+    }
+}
+
+impl Tally {
+    fn print_failures(&self) {
+        if self.failures.is_empty() {
+            return;
+        }
+        println!("why each test failed (the start of its panic message):");
+        for (name, lines) in &self.failures {
+            println!("  {name}");
+            if lines.is_empty() {
+                println!("    (no panic message: see its output above)");
+            }
+            for line in lines {
+                println!("    {line}");
+            }
+        }
+        println!();
     }
 }
 
@@ -151,5 +202,46 @@ mod tests {
         t.read("test result: FAILED. 1 passed; 1 failed; 0 ignored; 0 measured");
         assert_eq!((t.passed, t.failed, t.ignored), (13, 1, 2));
         assert_eq!((t.privileged_passed, t.privileged_failed), (1, 1));
+    }
+
+    #[test]
+    fn keeps_the_start_of_each_panic_message() {
+        let mut t = Tally::default();
+        for line in [
+            "failures:",
+            "",
+            "---- privileged_share_holds stdout ----",
+            "HIP cap 50%: 49.9%",
+            "",
+            "thread 'privileged_share_holds' (42) panicked at shim/tests/x.rs:9:5:",
+            "share 41.0%",
+            "stack backtrace:",
+            "   0: __rustc::rust_begin_unwind",
+            "---- other stdout ----",
+            "no panic line here",
+            "",
+            "failures:",
+            "    privileged_share_holds",
+        ] {
+            t.read(line);
+        }
+        let digest: Vec<_> = t
+            .failures
+            .iter()
+            .map(|(n, l)| (n.as_str(), l.len()))
+            .collect();
+        assert_eq!(digest, [("privileged_share_holds", 2), ("other", 0)]);
+        assert_eq!(t.failures[0].1[1], "share 41.0%");
+        // A long message is cut, and counting goes on after the sections.
+        t.read("---- long stdout ----");
+        t.read("thread 'long' panicked at a.rs:1:1:");
+        for _ in 0..50 {
+            t.read(&"x".repeat(1000));
+        }
+        t.read("failures:");
+        assert_eq!(t.failures[2].1.len(), DIGEST_LINES);
+        assert_eq!(t.failures[2].1[1].len(), DIGEST_WIDTH);
+        t.read("test result: ok. 2 passed; 0 failed; 0 ignored; 0 measured");
+        assert_eq!(t.passed, 2);
     }
 }

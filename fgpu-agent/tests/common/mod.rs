@@ -278,13 +278,20 @@ impl Load {
 
     /// Reads output lines until one starts with `prefix`; returns it.
     pub fn expect_line(&mut self, prefix: &str) -> String {
+        self.expect_line_or(prefix, String::new)
+    }
+
+    /// [`Load::expect_line`]; `context` adds to the failure message (the agent's view).
+    pub fn expect_line_or(&mut self, prefix: &str, context: impl FnOnce() -> String) -> String {
         loop {
             let mut line = String::new();
             let n = self.stdout.read_line(&mut line).unwrap();
             assert!(
                 n > 0,
-                "fgpu-sim-load ended before printing '{prefix}'; output so far: {:?}",
-                self.lines
+                "fgpu-sim-load ended before printing '{prefix}' ({}); output so far: {:?}{}",
+                self.how_it_ended(),
+                self.lines,
+                context()
             );
             let line = line.trim_end().to_string();
             self.lines.push(line.clone());
@@ -292,6 +299,32 @@ impl Load {
                 return line;
             }
         }
+    }
+
+    /// How the process ended (its `unshare` passes the child's exit code on, and says so on
+    /// stderr when a signal killed it), with the kernel's last lines when it did not exit 0:
+    /// what a failure message needs to tell a kill from a crash or an exit.
+    fn how_it_ended(&mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => return "still running 2 s after closing its output".into(),
+            }
+        };
+        if status.success() {
+            return format!("{status}");
+        }
+        let kernel = Command::new("dmesg")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let tail: Vec<_> = kernel.lines().rev().take(8).collect();
+        let tail: Vec<_> = tail.into_iter().rev().collect();
+        format!("{status}; the kernel's last lines: {tail:?}")
     }
 
     /// Ends `hold` by closing stdin, without waiting (several loads start together).
