@@ -313,6 +313,46 @@ fn privileged_eight_threads_ten_thousand_pairs_each_exact_and_nothing_dropped() 
     assert!(load.finish().success());
 }
 
+/// A real driver hands a freed address out again at once. One thread's free returns after
+/// the driver has released the range; another thread's allocation can get that address and
+/// be charged in between. The free's return must then credit the allocation it freed, not
+/// the new one: else the newer one is never counted (a bypassing process could hide memory
+/// from the kernel's limit that way) and its own free later is "unknown".
+#[test]
+fn privileged_a_freed_address_handed_out_again_at_once_is_charged_to_its_new_holder() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-e2e-reuse"));
+    let sim = common::sim_dir();
+    let mut load = Load::spawn_env(
+        &cg,
+        &state.0,
+        &sim.join("fgpu-sim-load"),
+        &[
+            "alloc", "64MiB", "stress", "8", "10000", "1MiB", "alloc", "1MiB", "hold",
+        ],
+        &[("FGPU_SIM_REUSE_VA", "1")],
+    );
+    let line = load.expect_line("stress");
+    assert!(line.starts_with("stress ok"), "{line}");
+    // The last allocation gets one of the stress's freed addresses.
+    let last = load.expect_line("alloc");
+    load.expect_line("ready");
+    let row = agent
+        .wait_for(&cg, "80 001 frees seen", Duration::from_secs(5), |s| {
+            s.is_some_and(|s| s["devices"][0]["allocs"] == 80_002)
+        })
+        .unwrap();
+    let counters = &agent.detail()["counters"];
+    assert_eq!(counters["unknown_frees"], 0, "{counters}");
+    assert_eq!(row["devices"][0]["frees"], 80_000, "{row}");
+    assert_eq!(row["memory_used_bytes"], 65u64 << 20, "{row}\n{last}");
+    assert!(load.finish().success());
+}
+
 #[test]
 fn privileged_a_containers_own_copy_is_found_and_each_inode_probed_once() {
     if !privileged() {

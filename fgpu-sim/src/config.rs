@@ -4,6 +4,9 @@
 //! (per device, default 16GiB), `FGPU_SIM_CONTEXT_OVERHEAD` (per process and device context,
 //! default 300MiB), `FGPU_SIM_STATE` (shared state file, default `/dev/shm/fgpu-sim-state`).
 //! Devices and memory are fixed by whichever process creates the state file.
+//! `FGPU_SIM_REUSE_VA=1` (per process, read in [`crate::process`]): linear memory freed is
+//! handed out again last-in first-out, as a real driver does; by default addresses never
+//! repeat.
 
 use crate::size::parse_size;
 use crate::state::MAX_DEVICES;

@@ -82,6 +82,10 @@ pub struct Local {
     pub mappings: BTreeMap<u64, (u64, u64)>,
     /// Arrays and mipmapped arrays: handle → (device, bytes).
     pub arrays: BTreeMap<usize, (usize, u64)>,
+    /// `FGPU_SIM_REUSE_VA=1`: freed linear ranges by size, handed out again last-in
+    /// first-out, as a real driver's address allocator does (off by default: most tests
+    /// read clearer with addresses that never repeat).
+    pub reuse: Option<BTreeMap<u64, Vec<u64>>>,
 }
 
 static LOCAL: Mutex<Option<Local>> = Mutex::new(None);
@@ -109,9 +113,11 @@ impl std::ops::DerefMut for Guard {
 pub fn local() -> Guard {
     let mut g = LOCAL.lock().unwrap_or_else(|e| e.into_inner());
     if g.is_none() {
+        let reuse = std::env::var_os("FGPU_SIM_REUSE_VA").is_some_and(|v| v == "1");
         *g = Some(Local {
             next_va: 2 << 20,
             next_handle: 0x10_0000,
+            reuse: reuse.then(BTreeMap::new),
             ..Local::default()
         });
     }
@@ -160,6 +166,24 @@ impl Local {
         let start = self.next_va.div_ceil(align) * align;
         self.next_va = start + size.max(1).div_ceil(ALIGN) * ALIGN;
         ((self.slot.unwrap_or(0) as u64 + 1) << VA_SHIFT) + start
+    }
+
+    /// A linear range of `size`: the last one freed of that size when addresses are reused,
+    /// else a fresh one.
+    pub fn linear_va(&mut self, size: u64) -> u64 {
+        let again = self
+            .reuse
+            .as_mut()
+            .and_then(|r| r.get_mut(&size))
+            .and_then(Vec::pop);
+        again.unwrap_or_else(|| self.va(size, ALIGN))
+    }
+
+    /// Gives a freed linear range back for [`Local::linear_va`] (when addresses are reused).
+    pub fn release_va(&mut self, ptr: u64, size: u64) {
+        if let Some(r) = self.reuse.as_mut() {
+            r.entry(size).or_default().push(ptr);
+        }
     }
 
     /// The device of the calling thread's current context.

@@ -48,6 +48,8 @@ char LICENSE[] SEC("license") = "GPL";
 struct call_args {
 	__u64 api;
 	__u64 a0, a1, a2, a3;
+	/* A free: the born_ns of the record its pointer had at entry (0: none). */
+	__u64 born_ns;
 };
 
 struct alloc_key {
@@ -62,6 +64,11 @@ struct alloc_val {
 	__u64 tenant;
 	__u32 device;
 	__u32 pad;
+	/*
+	 * When the record was made. A free's return credits only the record its entry saw: the
+	 * driver may hand the address to another thread before the free returns (see credit).
+	 */
+	__u64 born_ns;
 };
 
 struct {
@@ -271,21 +278,31 @@ static __always_inline void proc_add(__u32 tgid, __u64 delta)
 
 /*
  * Forget (tgid, addr) and credit its owner; returns the bytes credited (0 if unknown).
- * `is_free`: the caller is a free (an unknown pointer is then worth counting).
+ *
+ * `born_ns` 0: whatever record the pointer has (an allocation that got the pointer again).
+ * Otherwise the caller is a free's return and `born_ns` the record its entry saw (the
+ * `FREE_UNSEEN` when there was none: an unknown free). A free's return comes after the driver
+ * released the range, and another thread's allocation may have been handed the same address
+ * and charged meanwhile (its charge then credited this free's record): the record found now
+ * is that allocation's, and it stays.
  */
+#define FREE_UNSEEN ((__u64)-1)
 static __always_inline __u64 credit(__u32 tgid, __u32 tid, __u64 addr, __u32 api, __s32 rc,
-				    int is_free)
+				    __u64 born_ns)
 {
 	struct alloc_key key = { .tgid = tgid, .addr = addr };
-	struct alloc_val *v = bpf_map_lookup_elem(&allocs, &key);
+	struct alloc_val *v;
 	struct alloc_val val;
 	__u64 total;
 
-	if (!v) {
-		if (is_free && addr)
+	if (born_ns == FREE_UNSEEN) {
+		if (addr)
 			count(FGPU_CTR_UNKNOWN_FREES);
 		return 0;
 	}
+	v = bpf_map_lookup_elem(&allocs, &key);
+	if (!v || (born_ns && v->born_ns != born_ns))
+		return 0;
 	val = *v;
 	if (bpf_map_delete_elem(&allocs, &key) != 0)
 		return 0; /* a concurrent free of the same pointer won the race */
@@ -367,7 +384,12 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 {
 	__u64 cgroup_id = bpf_get_current_cgroup_id();
 	struct alloc_key key = { .tgid = tgid, .addr = addr };
-	struct alloc_val val = { .size = size, .cgroup_id = cgroup_id, .device = device };
+	struct alloc_val val = {
+		.size = size,
+		.cgroup_id = cgroup_id,
+		.device = device,
+		.born_ns = bpf_ktime_get_ns(),
+	};
 	struct fgpu_cg_tree *tree;
 	struct fgpu_tenant *t;
 	struct fgpu_proc *p;
@@ -469,6 +491,22 @@ int BPF_KPROBE(fgpu_enter, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 		.a3 = a3,
 	};
 
+	switch (args.api) {
+	case FGPU_API_CU_MEM_FREE:
+	case FGPU_API_CU_MEM_FREE_ASYNC:
+	case FGPU_API_CU_MEM_RELEASE:
+	case FGPU_API_HIP_FREE:
+	case FGPU_API_HIP_FREE_ASYNC:
+	case FGPU_API_HIP_MEM_RELEASE: {
+		struct alloc_key key = { .tgid = id >> 32, .addr = a0 };
+		struct alloc_val *v = bpf_map_lookup_elem(&allocs, &key);
+
+		args.born_ns = v ? v->born_ns : FREE_UNSEEN;
+		break;
+	}
+	default:
+		break;
+	}
 	bpf_map_update_elem(&call_args, &id, &args, BPF_ANY);
 	return 0;
 }
@@ -500,7 +538,7 @@ int BPF_KRETPROBE(fgpu_leave, long ret)
 	case FGPU_API_HIP_FREE:
 	case FGPU_API_HIP_FREE_ASYNC:
 	case FGPU_API_HIP_MEM_RELEASE:
-		credit(tgid, tid, a.a0, a.api, rc, 1);
+		credit(tgid, tid, a.a0, a.api, rc, a.born_ns);
 		return 0;
 	case FGPU_API_CU_MEM_ALLOC:
 	case FGPU_API_CU_MEM_ALLOC_MANAGED:

@@ -15,7 +15,7 @@ pub fn allocate(size: u64, kind: AllocKind, charge: bool) -> Result<(u64, usize)
     if charge {
         l.charge(dev, size)?;
     }
-    let ptr = l.va(size, 512);
+    let ptr = l.linear_va(size);
     l.allocs.insert(ptr, Alloc { dev, size, kind });
     Ok((ptr, dev))
 }
@@ -81,10 +81,13 @@ pub extern "C" fn cu_mem_free(ptr: CUdeviceptr) -> CUresult {
         Some(AllocKind::Device) => {
             let a = l.allocs.remove(&ptr).unwrap_or_else(|| unreachable!());
             l.uncharge(a.dev, a.size);
+            l.release_va(ptr, a.size);
             CUDA_SUCCESS
         }
         Some(AllocKind::Managed) => {
-            l.allocs.remove(&ptr);
+            if let Some(a) = l.allocs.remove(&ptr) {
+                l.release_va(ptr, a.size);
+            }
             CUDA_SUCCESS
         }
         Some(AllocKind::Pool(_)) => {
