@@ -8,7 +8,9 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Agent, Cgroup, Load, SimState, ok, privileged, unique};
+use common::{
+    Agent, Cgroup, Load, SimState, exit_status, log_lines, ok, privileged, spawn_bypass, unique,
+};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -18,22 +20,6 @@ const OVERHEAD: u64 = 300 * MIB;
 /// `alloc SIZE` `n` times.
 fn allocs(n: usize, size: &str) -> Vec<&str> {
     std::iter::repeat_n(["alloc", size], n).flatten().collect()
-}
-
-/// `fgpu-sim-load ARGS` without the shim, in `cg` and its own PID namespace, under a shell
-/// that prints `exit=STATUS` when it ends (`unshare` cannot pass a SIGKILL on as its own
-/// status): 137 is SIGKILL.
-fn spawn_bypass(cg: &Cgroup, state: &SimState, args: &[&str]) -> Load {
-    let load = common::sim_dir().join("fgpu-sim-load");
-    let mut all = vec!["-c", "\"$0\" \"$@\"; echo exit=$?", load.to_str().unwrap()];
-    all.extend_from_slice(args);
-    Load::spawn_program(cg, &state.0, std::path::Path::new("/bin/sh"), &all)
-}
-
-/// Reads until the `exit=` line; returns the status it reports.
-fn exit_status(load: &mut Load) -> i32 {
-    let line = load.expect_line("exit=");
-    line["exit=".len()..].parse().unwrap()
 }
 
 /// Output lines of successful allocations.
@@ -67,40 +53,6 @@ impl Drop for Spinners {
             let _ = c.kill();
             let _ = c.wait();
         }
-    }
-}
-
-/// `text` without terminal colour sequences (ESC [ ... m).
-fn plain(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Waits until the agent log has `n` lines containing every one of `needles`; returns them.
-fn log_lines(agent: &Agent, needles: &[&str], n: usize) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let lines: Vec<String> = plain(&agent.log_text())
-            .lines()
-            .filter(|l| needles.iter().all(|x| l.contains(x)))
-            .map(str::to_string)
-            .collect();
-        if lines.len() >= n || Instant::now() > deadline {
-            return lines;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

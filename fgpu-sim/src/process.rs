@@ -86,6 +86,11 @@ pub struct Local {
     /// first-out, as a real driver's address allocator does (off by default: most tests
     /// read clearer with addresses that never repeat).
     pub reuse: Option<BTreeMap<u64, Vec<u64>>>,
+    /// Function handle → the local memory a launch of it needs (`lmem_<N>mib` in its name).
+    pub local_mem: BTreeMap<usize, u64>,
+    /// Local memory held per device: grown by launches that need more, never shrunk (as the
+    /// real driver does), charged like any allocation but through no allocation call.
+    pub local_held: [u64; MAX_DEVICES],
 }
 
 static LOCAL: Mutex<Option<Local>> = Mutex::new(None);

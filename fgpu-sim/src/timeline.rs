@@ -134,6 +134,25 @@ pub fn schedule(
     (start, end)
 }
 
+/// Local memory convention: a kernel whose name contains `lmem_<N>mib` needs N MiB of local
+/// memory on its device (the real driver's per-thread local memory times the threads that
+/// can be resident); a launch grows the process's reservation to it.
+pub fn kernel_local_mem(name: &str) -> u64 {
+    let mut rest = name;
+    while let Some(pos) = rest.find("lmem_") {
+        let after = &rest[pos + 5..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0
+            && after[digits..].starts_with("mib")
+            && let Ok(n) = after[..digits].parse::<u64>()
+        {
+            return n.saturating_mul(1 << 20);
+        }
+        rest = after;
+    }
+    0
+}
+
 /// Kernel duration convention: a name containing `sleep_<N>us` runs N µs, `empty` runs 2 µs,
 /// anything else 5 µs.
 pub fn kernel_duration_ns(name: &str) -> u64 {
@@ -154,7 +173,14 @@ pub fn kernel_duration_ns(name: &str) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::kernel_duration_ns;
+    use super::{kernel_duration_ns, kernel_local_mem};
+
+    #[test]
+    fn local_memory() {
+        assert_eq!(kernel_local_mem("lmem_3072mib_sleep_1000us"), 3 << 30);
+        assert_eq!(kernel_local_mem("sleep_1000us"), 0);
+        assert_eq!(kernel_local_mem("lmem_mib lmem_2mib"), 2 << 20);
+    }
 
     #[test]
     fn durations() {

@@ -53,6 +53,8 @@ pub struct Enforcer {
     wake: Notify,
     /// Limited cgroups found over their threshold, by id: consecutive passes.
     over: Mutex<HashMap<u64, u32>>,
+    /// The same for the driver's count ([`super::unseen`]).
+    pub unseen: super::unseen::Passes,
 }
 
 impl Enforcer {
@@ -221,6 +223,7 @@ pub fn reconcile(state: &State, gc: bool) {
         }
     }
     drop(over);
+    super::unseen::reconcile(state, &snap.procs);
     if gc {
         forget_gone(state, &snap);
     }

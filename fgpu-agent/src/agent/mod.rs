@@ -35,6 +35,7 @@ mod scm;
 mod server;
 mod smi;
 mod targets;
+mod unseen;
 mod watcher;
 
 use std::net::SocketAddr;
@@ -102,6 +103,16 @@ pub struct AgentArgs {
     /// that bypassed the shim): kill the process at that allocation, or only report it.
     #[arg(long, value_enum, default_value = "kill")]
     on_exceed: backstop::OnExceed,
+
+    /// How far past its limit on a GPU a limited cgroup's memory may go, as the driver counts
+    /// it (NVML's per-process figures: contexts, modules, local memory grown by launches,
+    /// device heaps, arrays — memory no allocation call shows), before the agent treats it as
+    /// an overrun: reported at once and, with `--on-exceed kill`, the process holding the
+    /// most such memory is killed if the cgroup is still over a second later. The room covers
+    /// contexts and lazily loaded modules; `0` holds the driver's figure to the limit itself.
+    #[arg(long, value_name = "SIZE", default_value = unseen::DEFAULT_TOLERANCE,
+          value_parser = |s: &str| fgpu_common::quantity::parse_size(s).map_err(|e| e.to_string()))]
+    unseen_tolerance: u64,
 
     /// Log filter (tracing's EnvFilter syntax), e.g. `info`, `debug`, `fgpu=debug`.
     #[arg(long, value_name = "FILTER", default_value = "info", env = "FGPU_LOG")]
@@ -207,6 +218,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         enforce: enforce::Enforcer::default(),
         shims: budget::Shims::default(),
         on_exceed: args.on_exceed,
+        unseen_tolerance: args.unseen_tolerance,
         names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
         libraries,
         events: events::EventCounts::default(),

@@ -35,6 +35,8 @@ pub struct State {
     /// Kernel limits sync and reconcile ([`super::enforce`]).
     pub enforce: Enforcer,
     pub on_exceed: OnExceed,
+    /// `--unseen-tolerance` (see [`super::unseen`]).
+    pub unseen_tolerance: u64,
     pub names: Mutex<CgroupNames>,
     /// Driver libraries the probes are attached to.
     pub libraries: Arc<Mutex<Vec<String>>>,
@@ -173,14 +175,18 @@ fn nvml_by_cgroup(gpus: &Gpus) -> std::collections::HashMap<String, f64> {
         .map_or(0, |d| d.as_micros() as u64);
     let mut out = std::collections::HashMap::new();
     for (pid, pct) in gpus.process_sm_util(now_us.saturating_sub(NVML_OVER_US)) {
-        if let Some(cg) = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .ok()
-            .and_then(|t| cgroup_v2_path(&t))
-        {
+        if let Some(cg) = cgroup_of_pid(pid) {
             *out.entry(cg).or_insert(0.0) += pct;
         }
     }
     out
+}
+
+/// The cgroup v2 path of host process `pid` (None if it is gone).
+pub fn cgroup_of_pid(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()
+        .and_then(|t| cgroup_v2_path(&t))
 }
 
 /// The cgroup v2 path in the text of /proc/PID/cgroup (the `0::PATH` line).

@@ -357,6 +357,53 @@ impl Drop for Load {
     }
 }
 
+/// `fgpu-sim-load ARGS` without the shim, in `cg` and its own PID namespace, under a shell
+/// that prints `exit=STATUS` when it ends (`unshare` cannot pass a SIGKILL on as its own
+/// status): 137 is SIGKILL.
+pub fn spawn_bypass(cg: &Cgroup, state: &SimState, args: &[&str]) -> Load {
+    spawn_sim_load(cg, state, None, None, "", args)
+}
+
+/// Reads until the `exit=` line of [`spawn_bypass`]; returns the status it reports.
+pub fn exit_status(load: &mut Load) -> i32 {
+    let line = load.expect_line("exit=");
+    line["exit=".len()..].parse().unwrap()
+}
+
+/// `text` without terminal colour sequences (ESC [ ... m).
+pub fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Waits until the agent log has `n` lines containing every one of `needles`; returns them.
+pub fn log_lines(agent: &Agent, needles: &[&str], n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let lines: Vec<String> = plain(&agent.log_text())
+            .lines()
+            .filter(|l| needles.iter().all(|x| l.contains(x)))
+            .map(str::to_string)
+            .collect();
+        if lines.len() >= n || Instant::now() > deadline {
+            return lines;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A private simulated-device state file, removed on drop.
 pub struct SimState(pub PathBuf);
 

@@ -1,10 +1,10 @@
 //! Modules, kernel launches and graphs. Kernel durations follow the naming convention in
-//! [`crate::timeline::kernel_duration_ns`].
+//! [`crate::timeline::kernel_duration_ns`], local memory [`crate::timeline::kernel_local_mem`].
 
 use super::*;
 use crate::ffi::{get, put, str_arg};
 use crate::process::local;
-use crate::timeline::kernel_duration_ns;
+use crate::timeline::{kernel_duration_ns, kernel_local_mem};
 
 fn new_module(out: *mut Handle) -> CUresult {
     let mut l = local();
@@ -54,6 +54,10 @@ pub extern "C" fn cu_module_get_function(
     }
     let h = l.handle();
     l.functions.insert(h, kernel_duration_ns(name));
+    let local = kernel_local_mem(name);
+    if local > 0 {
+        l.local_mem.insert(h, local);
+    }
     put(out, h);
     CUDA_SUCCESS
 }
@@ -63,14 +67,25 @@ fn launch(f: Handle, grid: [u32; 3], block: [u32; 3], stream: Handle) -> CUresul
         return CUDA_ERROR_INVALID_VALUE;
     }
     let dur = {
-        let l = local();
-        if let Err(e) = l.current_dev() {
-            return e;
+        let mut l = local();
+        let dev = match l.current_dev() {
+            Ok(d) => d,
+            Err(e) => return e,
+        };
+        let Some(&d) = l.functions.get(&f) else {
+            return CUDA_ERROR_INVALID_HANDLE;
+        };
+        // Local memory: grown to what the kernel needs, charged on the device, never given
+        // back while the process lives.
+        let need = l.local_mem.get(&f).copied().unwrap_or(0);
+        if need > l.local_held[dev] {
+            let grow = need - l.local_held[dev];
+            if let Err(e) = l.charge(dev, grow) {
+                return e;
+            }
+            l.local_held[dev] = need;
         }
-        match l.functions.get(&f) {
-            Some(&d) => d,
-            None => return CUDA_ERROR_INVALID_HANDLE,
-        }
+        d
     };
     stream::enqueue(stream, dur)
 }
