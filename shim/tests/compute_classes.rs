@@ -37,6 +37,7 @@ fn privileged_host_gapped_loops_get_their_share_of_work() {
     if !privileged() {
         return;
     }
+    let _one = common::tenants::measuring();
     let w = AgentWorld::new("clsgap");
     let agent = w.agent();
     let (solo_gap, solo_sat) = (
@@ -94,6 +95,7 @@ fn privileged_a_cpu_bound_launcher_gets_its_share_of_work() {
     if !privileged() {
         return;
     }
+    let _one = common::tenants::measuring();
     let w = AgentWorld::new("clscpu");
     let agent = w.agent();
     let (solo_cpu, solo_sat) = (
@@ -122,6 +124,7 @@ fn privileged_a_two_process_container_gets_one_share() {
     if !privileged() {
         return;
     }
+    let _one = common::tenants::measuring();
     let w = AgentWorld::new("cls2p");
     let agent = w.agent();
     let alone = solo(&w, &agent, saturating(3000));
@@ -156,6 +159,7 @@ fn privileged_two_threads_on_two_streams_get_one_share() {
     if !privileged() {
         return;
     }
+    let _one = common::tenants::measuring();
     let w = AgentWorld::new("clsthr");
     let agent = w.agent();
     let alone_threads = solo(&w, &agent, threaded(3000, 2));
@@ -186,6 +190,7 @@ fn privileged_a_latency_bound_tenant_is_served_promptly() {
     if !privileged() {
         return;
     }
+    let _one = common::tenants::measuring();
     let w = AgentWorld::new("clslat");
     let agent = w.agent();
     let (solo_lat, solo_sat) = (

@@ -35,6 +35,7 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
     if !privileged() {
         return;
     }
+    let _one = common::tenants::measuring();
     let w = AgentWorld::new("clskill");
     let agent = w.agent();
     let alone = solo(&w, &agent, saturating(2000));
@@ -120,6 +121,7 @@ fn privileged_a_frozen_or_stopped_tenant_never_stalls_the_others_and_comes_back(
     if !privileged() {
         return;
     }
+    let _one = common::tenants::measuring();
     let w = AgentWorld::new("clsfreeze");
     let agent = w.agent();
     let alone = solo(&w, &agent, saturating(2000));
@@ -182,6 +184,7 @@ fn privileged_a_two_process_container_keeps_its_share_when_one_is_killed() {
     if !privileged() {
         return;
     }
+    let _one = common::tenants::measuring();
     let w = AgentWorld::new("clskill2p");
     let agent = w.agent();
     let alone = solo(&w, &agent, saturating(2000));
@@ -237,6 +240,7 @@ fn privileged_a_tenant_cannot_bank_device_time_and_spend_it_later() {
     if !privileged() {
         return;
     }
+    let _one = common::tenants::measuring();
     let w = AgentWorld::new("clsbank");
     let agent = w.agent();
     let alone = solo(&w, &agent, saturating(2000));
@@ -287,6 +291,7 @@ fn privileged_a_tenant_forging_its_page_cannot_hold_the_device() {
     if !privileged() {
         return;
     }
+    let _one = common::tenants::measuring();
     let w = AgentWorld::new("clsforge");
     let agent = w.agent();
     let alone = solo(&w, &agent, saturating(2000));

@@ -131,6 +131,7 @@ fn privileged_a_killed_hip_tenant_never_stalls_its_cuda_neighbour() {
     if !privileged() {
         return;
     }
+    let _one = measuring();
     let (w, bin) = hip_world("hipkill");
     let agent = w.agent();
     let env = [("FGPU_LOG", "info")];
