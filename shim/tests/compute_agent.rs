@@ -60,6 +60,7 @@ fn privileged_two_tenants_at_30_70_get_their_shares() {
     if !privileged() {
         return;
     }
+    let _one = measuring();
     let w = AgentWorld::new("cmp3070");
     let agent = w.agent();
     let mut ts = vec![
@@ -80,6 +81,7 @@ fn privileged_three_tenants_at_20_30_50_get_their_shares() {
     if !privileged() {
         return;
     }
+    let _one = measuring();
     let w = AgentWorld::new("cmp235");
     let agent = w.agent();
     let mut ts: Vec<Tenant> = [20, 30, 50]
@@ -116,6 +118,7 @@ fn privileged_shares_are_work_conserving_and_caps_are_not() {
     if !privileged() {
         return;
     }
+    let _one = measuring();
     let w = AgentWorld::new("cmpwc");
     let agent = w.agent();
     let mut ts = vec![
@@ -170,6 +173,7 @@ fn privileged_a_changed_cap_reaches_a_running_process() {
     if !privileged() {
         return;
     }
+    let _one = measuring();
     let w = AgentWorld::new("cmpchg");
     let agent = w.agent();
     let mut ts = vec![tenant(
@@ -203,6 +207,7 @@ fn privileged_a_cap_set_later_reaches_an_ungated_running_process() {
     if !privileged() {
         return;
     }
+    let _one = measuring();
     let w = AgentWorld::new("cmplate");
     let agent = w.agent();
     let mut ts = vec![tenant(

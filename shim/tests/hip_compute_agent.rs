@@ -28,6 +28,7 @@ fn privileged_two_hip_tenants_at_30_70_get_their_shares() {
     if !privileged() {
         return;
     }
+    let _one = measuring();
     let (w, hip) = hip_world("hipcmp3070");
     let agent = w.agent();
     let mut ts = vec![
@@ -57,6 +58,7 @@ fn privileged_a_hip_and_a_cuda_tenant_at_50_50_share_one_device() {
     if !privileged() {
         return;
     }
+    let _one = measuring();
     let (w, hip) = hip_world("hipcmp5050");
     let agent = w.agent();
     let work = ["launch-for", "10000", "sleep_1000us"];
@@ -85,6 +87,7 @@ fn privileged_a_cap_set_later_reaches_an_ungated_running_hip_process() {
     if !privileged() {
         return;
     }
+    let _one = measuring();
     let (w, hip) = hip_world("hipcmplate");
     let agent = w.agent();
     let mut ts = vec![tenant(

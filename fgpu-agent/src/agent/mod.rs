@@ -25,6 +25,7 @@ mod limits;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 mod peer;
+mod pidfd;
 mod pins;
 mod preflight;
 mod probes;

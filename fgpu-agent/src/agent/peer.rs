@@ -16,11 +16,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::OnceLock;
 
-use fgpu_common::cgroup::unified_path;
 use tokio::net::UnixStream;
 
 use super::control::Peer;
 use super::doors::Door;
+use super::pidfd::{alive, cgroup_of, pidfd_open};
 
 /// `SO_PEERPIDFD` (include/uapi/asm-generic/socket.h); not in the libc crate yet.
 const SO_PEERPIDFD: libc::c_int = 77;
@@ -114,38 +114,6 @@ fn peer_pidfd(sock: RawFd, pid: Option<u32>) -> io::Result<OwnedFd> {
     pidfd_open(pid.ok_or_else(|| io::Error::other("no peer credentials"))?)
 }
 
-/// `pidfd_open(pid, 0)`: the fallback before Linux 6.5 (see the module's note on its window).
-fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
-    // SAFETY: pidfd_open(pid, 0) has no memory arguments; it returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor from pidfd_open, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-/// True while the pidfd's process has not been reaped (so its PID still names it).
-fn alive(pidfd: &OwnedFd) -> bool {
-    // SAFETY: pidfd_send_signal with signal 0 only checks; no memory arguments.
-    unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            pidfd.as_raw_fd(),
-            0,
-            std::ptr::null::<libc::siginfo_t>(),
-            0,
-        ) == 0
-    }
-}
-
-/// The peer's cgroup, read from /proc and confirmed to belong to the pidfd's process.
-fn cgroup_of(pidfd: &OwnedFd, pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let path = unified_path(&text)?.to_string();
-    alive(pidfd).then_some(path)
-}
-
 /// A namespace's identity: the (device, inode) of its nsfs file.
 type NsId = (u64, u64);
 
@@ -223,6 +191,7 @@ fn same_namespaces_by(pidfd: &OwnedFd, pid: Option<u32>, force_proc: bool) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fgpu_common::cgroup::unified_path;
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_caller_in_our_own_namespaces_is_the_host() {

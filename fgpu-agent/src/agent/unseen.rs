@@ -176,8 +176,13 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
         } else if state.on_exceed == super::backstop::OnExceed::Kill
             && let Some(v) = &o.victim
         {
-            // SAFETY: kill(2) with a host PID NVML listed on the GPU and a constant signal.
-            let rc = unsafe { libc::kill(v.pid as i32, libc::SIGKILL) };
+            // Through a pidfd, and only if the PID still names a process of the subtree (a
+            // tenant can churn PIDs until one NVML listed is reused elsewhere).
+            let outcome = match super::pidfd::kill_in(v.pid, &o.cgroup) {
+                Ok(true) => "",
+                Ok(false) => " (it had gone)",
+                Err(_) => " (kill failed)",
+            };
             tracing::warn!(
                 event = "unseen_kill",
                 pid = v.pid,
@@ -188,7 +193,7 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
                 o.gpu,
                 Size(unseen),
                 Size(v.driver_bytes),
-                if rc == 0 { "" } else { " (kill failed)" }
+                outcome
             );
         }
     }

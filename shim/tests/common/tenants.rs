@@ -5,17 +5,40 @@
 use super::agent::{Agent, AgentWorld, Cgroup, Proc, mono_ns, unique};
 use super::field;
 use fgpu_common::ledger::{Ledger, MAX_DEVICES};
+use std::cell::Cell;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
+
+/// Held while a test measures shares; see [`measuring`].
+pub struct Measuring(Option<MutexGuard<'static, ()>>);
+
+thread_local! {
+    static MEASURING_HERE: Cell<bool> = const { Cell::new(false) };
+}
 
 /// Share measurements run one at a time in a test binary: libtest runs a binary's tests on
 /// as many threads as there are cores, and two 10 s measurements side by side on a 2-core
 /// machine starve each other's launchers (a full `cargo xtask test` measured 47.0 / 48.2 for
 /// a 50 / 50 pair, and 28.8 / 66.9 for 30 / 70, with the device idle 4-5% of the time).
-pub fn measuring() -> MutexGuard<'static, ()> {
+/// A test takes it before anything it times starts (a setting changed on a timer, say);
+/// taken again on the same thread (by [`run_together`]) it is already held.
+pub fn measuring() -> Measuring {
     static MEASURING: Mutex<()> = Mutex::new(());
-    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
+    if MEASURING_HERE.with(Cell::get) {
+        return Measuring(None);
+    }
+    let guard = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    MEASURING_HERE.with(|h| h.set(true));
+    Measuring(Some(guard))
+}
+
+impl Drop for Measuring {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            MEASURING_HERE.with(|h| h.set(false));
+        }
+    }
 }
 
 /// `elapsed_ms=` of a workload's result line.
