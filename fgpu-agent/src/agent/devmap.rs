@@ -159,15 +159,13 @@ pub fn over_on_one_gpu(state: &State, limits: &HashMap<u64, HashMap<u32, u64>>) 
 
 /// SIGKILLs `pid`, the largest holder on `gpu` of subtree `path` still over its limit there.
 pub fn kill_holder(pid: u32, gpu: u32, path: &str) {
-    // SAFETY: kill(2) with a host PID from the kernel's map and a constant signal.
-    let rc = unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let outcome = super::pidfd::kill_in_said(pid, path);
     tracing::warn!(
         event = "reconcile_kill",
         pid,
         gpu,
         cgroup = path,
-        "reconcile: killed the largest holder on GPU {gpu} of a subtree still over its per-GPU limit there{}",
-        if rc == 0 { "" } else { " (kill failed)" }
+        "reconcile: killed the largest holder on GPU {gpu} of a subtree still over its per-GPU limit there{outcome}"
     );
 }
 

@@ -243,15 +243,15 @@ fn kill_largest(state: &State, procs: &[(u32, fgpu_common::event::ProcUsage)], p
         .max_by_key(|(_, p)| p.bytes);
     drop(names);
     if let Some((pid, p)) = victim {
-        // SAFETY: kill(2) with a host PID from the kernel's map and a constant signal.
-        let rc = unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+        // Through a pidfd, and only if the PID still names a process of the subtree.
+        let outcome = super::pidfd::kill_in_said(*pid, path);
         tracing::warn!(
             event = "reconcile_kill",
             pid,
             cgroup = path,
             "reconcile: killed the largest holder ({}) of a subtree still over its limit{}",
             Size(p.bytes),
-            if rc == 0 { "" } else { " (kill failed)" }
+            outcome
         );
     }
 }

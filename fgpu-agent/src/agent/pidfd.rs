@@ -69,6 +69,15 @@ pub fn kill_in(pid: u32, ancestor: &str) -> io::Result<bool> {
     }
 }
 
+/// [`kill_in`], said as the end of a log line: "" when killed, else why not.
+pub fn kill_in_said(pid: u32, ancestor: &str) -> &'static str {
+    match kill_in(pid, ancestor) {
+        Ok(true) => "",
+        Ok(false) => " (it had gone, or its PID names a process elsewhere now)",
+        Err(_) => " (kill failed)",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -178,11 +178,7 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
         {
             // Through a pidfd, and only if the PID still names a process of the subtree (a
             // tenant can churn PIDs until one NVML listed is reused elsewhere).
-            let outcome = match super::pidfd::kill_in(v.pid, &o.cgroup) {
-                Ok(true) => "",
-                Ok(false) => " (it had gone)",
-                Err(_) => " (kill failed)",
-            };
+            let outcome = super::pidfd::kill_in_said(v.pid, &o.cgroup);
             tracing::warn!(
                 event = "unseen_kill",
                 pid = v.pid,
