@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use common::{Agent, Cgroup, Load, SimState, fgpu, ok, privileged, unique};
+use common::{Agent, Cgroup, Load, SimState, fgpu, lines_now, ok, privileged, unique};
 use fgpu_common::proto::{Frame, Kind};
 
 /// What the containers' socket says to anything but Hello and the caller's own status.
@@ -76,16 +76,6 @@ fn own_cgroup() -> String {
     fgpu_common::cgroup::unified_path(&text)
         .expect("in a cgroup v2")
         .to_string()
-}
-
-/// The agent's log lines containing every one of `parts`.
-fn log_lines(agent: &Agent, parts: &[&str]) -> Vec<String> {
-    agent
-        .log_text()
-        .lines()
-        .filter(|l| parts.iter().all(|p| l.contains(p)))
-        .map(str::to_string)
-        .collect()
 }
 
 #[test]
@@ -169,7 +159,7 @@ fn privileged_root_in_a_container_cannot_set_remove_or_read_limits_through_any_s
     assert_eq!(memory_limit(&agent, &victim), Some(1 << 30));
     assert_eq!(memory_limit(&agent, &me), Some(512 << 20));
     assert_eq!(ok(&agent.cli(&["limit", "ls", "--json"])), before);
-    let refusals = log_lines(&agent, &["refused a limit change", &me.path]);
+    let refusals = lines_now(&agent, &["refused a limit change", &me.path]);
     assert!(
         refusals.len() >= 3,
         "the refused attempts are not in the log:\n{}",
@@ -187,7 +177,7 @@ fn privileged_root_in_a_container_cannot_set_remove_or_read_limits_through_any_s
     ok(&child.wait_with_output().unwrap());
     assert_eq!(memory_limit(&agent, &victim), None);
     let host = own_cgroup();
-    let audit = log_lines(
+    let audit = lines_now(
         &agent,
         &[
             "limit removed",
@@ -217,7 +207,7 @@ fn privileged_root_in_a_container_cannot_set_remove_or_read_limits_through_any_s
     ]));
     let run_cgroup = format!("cgroup=\"/fgpu/{name}\"");
     for what in ["limit set", "limit removed"] {
-        let lines = log_lines(&agent, &[what, &run_cgroup, "door=\"admin\"", "uid=0"]);
+        let lines = lines_now(&agent, &[what, &run_cgroup, "door=\"admin\"", "uid=0"]);
         assert_eq!(
             lines.len(),
             1,

@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{
-    Agent, Cgroup, Load, SimState, exit_status, log_lines, ok, plain, privileged, sim_node,
+    Agent, Cgroup, Load, SimState, exit_status, lines_now, log_lines, ok, privileged, sim_node,
     spawn_sim_load, unique,
 };
 
@@ -118,15 +118,6 @@ fn run(agent: &Agent, state: &SimState, on_exceed: &str) -> Vec<Case> {
         assert!(!c.cg.procs().is_empty(), "{} is left running", c.what);
     }
     cases
-}
-
-/// The agent's log lines that contain every one of `needles`, as they are now.
-fn lines_now(agent: &Agent, needles: &[&str]) -> Vec<String> {
-    plain(&agent.log_text())
-        .lines()
-        .filter(|l| needles.iter().all(|x| l.contains(x)))
-        .map(str::to_string)
-        .collect()
 }
 
 /// One test (the simulator's state goes through this process's environment, see

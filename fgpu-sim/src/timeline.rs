@@ -138,37 +138,34 @@ pub fn schedule(
 /// memory on its device (the real driver's per-thread local memory times the threads that
 /// can be resident); a launch grows the process's reservation to it.
 pub fn kernel_local_mem(name: &str) -> u64 {
+    number_in(name, "lmem_", "mib").map_or(0, |n| n.saturating_mul(1 << 20))
+}
+
+/// The first N of `PREFIX<N>SUFFIX` in `name`.
+fn number_in(name: &str, prefix: &str, suffix: &str) -> Option<u64> {
     let mut rest = name;
-    while let Some(pos) = rest.find("lmem_") {
-        let after = &rest[pos + 5..];
+    while let Some(pos) = rest.find(prefix) {
+        let after = &rest[pos + prefix.len()..];
         let digits = after.bytes().take_while(u8::is_ascii_digit).count();
         if digits > 0
-            && after[digits..].starts_with("mib")
+            && after[digits..].starts_with(suffix)
             && let Ok(n) = after[..digits].parse::<u64>()
         {
-            return n.saturating_mul(1 << 20);
+            return Some(n);
         }
         rest = after;
     }
-    0
+    None
 }
 
 /// Kernel duration convention: a name containing `sleep_<N>us` runs N µs, `empty` runs 2 µs,
 /// anything else 5 µs.
 pub fn kernel_duration_ns(name: &str) -> u64 {
-    let mut rest = name;
-    while let Some(pos) = rest.find("sleep_") {
-        let after = &rest[pos + 6..];
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        if digits > 0
-            && after[digits..].starts_with("us")
-            && let Ok(n) = after[..digits].parse::<u64>()
-        {
-            return n.saturating_mul(1_000);
-        }
-        rest = after;
+    match number_in(name, "sleep_", "us") {
+        Some(n) => n.saturating_mul(1_000),
+        None if name.contains("empty") => 2_000,
+        None => 5_000,
     }
-    if name.contains("empty") { 2_000 } else { 5_000 }
 }
 
 #[cfg(test)]

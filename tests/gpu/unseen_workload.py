@@ -32,6 +32,15 @@ def go():
     return os.path.exists(os.path.join(work, name + ".go"))
 
 
+def hold():
+    """Holds what was taken until told to go (or 30 s), then says it survived."""
+    deadline = time.time() + 30
+    while not go() and time.time() < deadline:
+        time.sleep(0.05)
+    out["survived"] = True
+    report()
+
+
 def driver():
     cu = ctypes.CDLL("libcuda.so.1")
     ctx = ctypes.c_void_p()
@@ -102,11 +111,7 @@ def lmem():
     out["grown_bytes"] = free0.value - free1.value
     out["held_at"] = time.time()
     report()
-    deadline = time.time() + 30
-    while not go() and time.time() < deadline:
-        time.sleep(0.05)
-    out["survived"] = True
-    report()
+    hold()
 
 
 class ArrayDesc(ctypes.Structure):
@@ -134,11 +139,7 @@ def arrays(count):
         time.sleep(0.2)
     out["held_at"] = time.time()
     report()
-    deadline = time.time() + 30
-    while not go() and time.time() < deadline:
-        time.sleep(0.05)
-    out["survived"] = True
-    report()
+    hold()
 
 
 def honest():

@@ -388,15 +388,20 @@ pub fn plain(text: &str) -> String {
     out
 }
 
+/// The agent's log lines that contain every one of `needles`, as they are now.
+pub fn lines_now(agent: &Agent, needles: &[&str]) -> Vec<String> {
+    plain(&agent.log_text())
+        .lines()
+        .filter(|l| needles.iter().all(|x| l.contains(x)))
+        .map(str::to_string)
+        .collect()
+}
+
 /// Waits until the agent log has `n` lines containing every one of `needles`; returns them.
 pub fn log_lines(agent: &Agent, needles: &[&str], n: usize) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
-        let lines: Vec<String> = plain(&agent.log_text())
-            .lines()
-            .filter(|l| needles.iter().all(|x| l.contains(x)))
-            .map(str::to_string)
-            .collect();
+        let lines = lines_now(agent, needles);
         if lines.len() >= n || Instant::now() > deadline {
             return lines;
         }
