@@ -36,12 +36,18 @@ const NVML_EVERY: Duration = Duration::from_millis(200);
 /// (NVML index, host PID, bytes) of every process NVML lists.
 pub type NvmlProcs = Vec<(u32, u32, u64)>;
 
-/// NVML's per-process memory, read at most every [`NVML_EVERY`].
+/// NVML's per-process memory for placing figures: none on a node of one GPU (nothing to
+/// place), else [`nvml_process_memory`].
 pub fn nvml_procs(gpus: &Gpus) -> NvmlProcs {
-    static CACHE: Mutex<Option<(Instant, NvmlProcs)>> = Mutex::new(None);
     if gpus.devices.len() < 2 {
-        return Vec::new(); // nothing to place
+        return Vec::new();
     }
+    nvml_process_memory(gpus)
+}
+
+/// NVML's per-process memory on every GPU, read at most every [`NVML_EVERY`].
+pub fn nvml_process_memory(gpus: &Gpus) -> NvmlProcs {
+    static CACHE: Mutex<Option<(Instant, NvmlProcs)>> = Mutex::new(None);
     let mut c = CACHE.lock().expect("nvml cache lock");
     if let Some((at, v)) = c.as_ref()
         && at.elapsed() < NVML_EVERY

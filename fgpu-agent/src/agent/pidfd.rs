@@ -1,5 +1,6 @@
-//! Process descriptors: naming a process so that a PID reused meanwhile is never mistaken
-//! for it (a tenant can churn PIDs as fast as it can fork).
+//! Host processes by PID: their cgroup, and process descriptors that name a process so that
+//! a PID reused meanwhile is never mistaken for it (a tenant can churn PIDs as fast as it can
+//! fork).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -42,10 +43,16 @@ pub fn alive(pidfd: &OwnedFd) -> bool {
     send(pidfd, 0).is_ok()
 }
 
+/// The cgroup v2 path of host process `pid` (None if it is gone). Unconfirmed: the PID may
+/// name another process by now (see [`cgroup_of`]).
+pub fn cgroup_of_pid(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    unified_path(&text).map(str::to_string)
+}
+
 /// The process's cgroup, read from /proc and confirmed to belong to the pidfd's process.
 pub fn cgroup_of(pidfd: &OwnedFd, pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let path = unified_path(&text)?.to_string();
+    let path = cgroup_of_pid(pid)?;
     alive(pidfd).then_some(path)
 }
 

@@ -175,25 +175,11 @@ fn nvml_by_cgroup(gpus: &Gpus) -> std::collections::HashMap<String, f64> {
         .map_or(0, |d| d.as_micros() as u64);
     let mut out = std::collections::HashMap::new();
     for (pid, pct) in gpus.process_sm_util(now_us.saturating_sub(NVML_OVER_US)) {
-        if let Some(cg) = cgroup_of_pid(pid) {
+        if let Some(cg) = super::pidfd::cgroup_of_pid(pid) {
             *out.entry(cg).or_insert(0.0) += pct;
         }
     }
     out
-}
-
-/// The cgroup v2 path of host process `pid` (None if it is gone).
-pub fn cgroup_of_pid(pid: u32) -> Option<String> {
-    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .ok()
-        .and_then(|t| cgroup_v2_path(&t))
-}
-
-/// The cgroup v2 path in the text of /proc/PID/cgroup (the `0::PATH` line).
-fn cgroup_v2_path(text: &str) -> Option<String> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| p.trim().to_string())
 }
 
 /// Groups the kernel's per-(cgroup, device) totals into one row per cgroup that holds
@@ -254,14 +240,6 @@ mod tests {
             device,
             pad: 0,
         }
-    }
-
-    #[test]
-    fn the_v2_line_of_proc_cgroup() {
-        let hybrid = "12:memory:/user.slice\n1:name=systemd:/x\n0::/fgpu/job-1\n";
-        assert_eq!(cgroup_v2_path(hybrid).as_deref(), Some("/fgpu/job-1"));
-        assert_eq!(cgroup_v2_path("0::/\n").as_deref(), Some("/"));
-        assert_eq!(cgroup_v2_path("3:cpu:/a\n"), None);
     }
 
     #[test]

@@ -125,10 +125,10 @@ fn holders(state: &State, procs: &[(u32, ProcUsage)]) -> HashMap<u32, Vec<Holder
     let kernel: HashMap<u32, u64> = procs.iter().map(|(pid, p)| (*pid, p.bytes)).collect();
     let mut cgroups: HashMap<u32, Option<String>> = HashMap::new();
     let mut out: HashMap<u32, Vec<Holder>> = HashMap::new();
-    for (gpu, pid, driver_bytes) in state.gpus.process_memory() {
+    for (gpu, pid, driver_bytes) in super::devmap::nvml_process_memory(&state.gpus) {
         let cgroup = cgroups
             .entry(pid)
-            .or_insert_with(|| super::report::cgroup_of_pid(pid))
+            .or_insert_with(|| super::pidfd::cgroup_of_pid(pid))
             .clone();
         // A process gone since NVML listed it, or not in the v2 hierarchy.
         let Some(cgroup) = cgroup else { continue };

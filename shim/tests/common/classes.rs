@@ -150,11 +150,7 @@ pub fn within(got: f64, want: f64, tol: f64, what: &str, ctx: &str) {
 
 /// The workload process of a tenant (in its cgroup, not the `unshare` that started it).
 pub fn workload_pid(t: &Tenant) -> u32 {
-    let parent = t.procs[0].pid();
-    t.cg.procs()
-        .into_iter()
-        .find(|&p| p != parent)
-        .unwrap_or_else(|| panic!("no workload process in {}", t.cg.path))
+    workload_pids(t)[0]
 }
 
 /// The workload process of each of a tenant's processes (the child of its `unshare`).
