@@ -107,6 +107,20 @@ def main():
         return r["share"] if r else math.nan
 
     ran = {r["phase"] for r in runs}
+
+    def two_alone_near(phase):
+        """Both processes' rates of the two-process runs alone (ref2p, ref2pbN) nearest
+        before and after PHASE (only those that ran whole); none without a run after it."""
+        order = list(dict.fromkeys(r["phase"] for r in runs))
+        if phase not in order:
+            return []
+        i = order.index(phase)
+        twos = [p for p in order if p.startswith("ref2p")]
+        sums = {p: per_s(get(p, "a" if p == "ref2p" else "c", 1))
+                + per_s(get(p, "a" if p == "ref2p" else "c", 2)) for p in twos}
+        before = [p for p in twos if order.index(p) < i and sums[p] > 0]
+        after = [p for p in twos if order.index(p) > i and sums[p] > 0]
+        return [sums[p] for p in before[-1:] + after[:1]] if after else []
     check("references alone, no fgpu (mean of the runs)", all(v > 0 for v in ref.values())
           and bool(ref), ", ".join(f"{k} {fmt(v)}/s ({' / '.join(fmt(x) for x in alone[k])})"
                                    for k, v in ref.items()), "measured")
@@ -133,9 +147,15 @@ def main():
 
         if "mp" + v in ran:
             mp = "mp" + v
-            # The two-process reference, moved with the one-process cnn's local reference.
+            # The two-process reference: the mean of the two-process runs alone nearest
+            # before and after the mix (BRACKET=1: ref2pbN), else ref2p moved with the
+            # one-process cnn's local reference.
+            near = two_alone_near(mp)
             local = (get(mp, "a", 1) or {}).get("ref_local")
-            r2p = ref2p * local / ref["cnn"] if local and "cnn" in ref else ref2p
+            if near:
+                r2p = statistics.mean(near)
+            else:
+                r2p = ref2p * local / ref["cnn"] if local and "cnn" in ref else ref2p
             two = 100 * (per_s(get(mp, "a", 1)) + per_s(get(mp, "a", 2))) / r2p
             one = sh(mp, "b")
             check(f"{mp}: 2-process container at --compute 50 (both ÷ both alone)",

@@ -317,14 +317,18 @@ if want ab; then # the same, interleaved with bare runs (b has no limit) under t
   done
 fi
 # PIN=1 (see worker): each workload on fixed CPUs.
-# BRACKET=1: after each two-tenant mix, its workloads alone again without fgpu (in container
-# c, which has no setting then): the report takes each share against the nearest run alone
+# BRACKET=1: after each mix, its workloads alone again without fgpu (in container c, which
+# has no setting then; after mp also the two-process container, ref2pbN): the report takes each share against the nearest run alone
 # before and after it (the machine's speed drifts by 10-40% through a run).
 BRN=0
 br() {
   [ -n "${BRACKET:-}" ] || return 0
   local r
   for r in "$@"; do BRN=$((BRN + 1)); phase "refb$BRN-$r" "c:$r:bare"; done
+}
+br2p() { # the two-process container's reference again (BRACKET=1)
+  [ -n "${BRACKET:-}" ] || return 0
+  BRN=$((BRN + 1)); phase "ref2pb$BRN" c:cnn:bare c:cnn:bare
 }
 gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for a variant)
   local v=$1
@@ -334,8 +338,8 @@ gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for
   # --compute 50, which then holds every turn: what a decoder co-running in a neighbour's
   # turns gets, and what that costs the neighbour.
   if want fill; then limits "" "--compute 50" ""; phase "fill$v" a:decoder:fgpu b:cnn:fgpu; br decoder cnn; fi
-  if want mp; then limits "--compute 50" "--compute 50" ""; phase "mp$v" a:cnn:fgpu a:cnn:fgpu b:cnn:fgpu; br cnn; fi
-  if want s3; then limits "--compute 20" "--compute 30" "--compute 50"; phase "s3$v" a:cnn:fgpu b:attn:fgpu c:graph:fgpu; fi
+  if want mp; then limits "--compute 50" "--compute 50" ""; phase "mp$v" a:cnn:fgpu a:cnn:fgpu b:cnn:fgpu; br cnn; br2p; fi
+  if want s3; then limits "--compute 20" "--compute 30" "--compute 50"; phase "s3$v" a:cnn:fgpu b:attn:fgpu c:graph:fgpu; br cnn attn graph; fi
   if [ -z "$v" ] && want kill; then limits "--compute 50" "--compute 50" ""; kill_phase; br cnn attn; fi
   if want s30; then limits "--compute 30" "--compute 70" ""; phase "s30$v" a:matmul:fgpu b:graph:fgpu; fi
   if want s50; then limits "--compute 50" "--compute 50" ""; phase "s50$v" a:matmul:fgpu b:graph:fgpu; fi
@@ -354,19 +358,23 @@ if want toggle; then
 fi
 stop_agent
 # VARIANTS="NAME:VAR=V,VAR=V ...": the gated mixes again under an agent started with those
-# variables (the controller's tuning overrides, docs/compute.md), phases named MIX@NAME.
+# variables (the controller's tuning overrides, docs/compute.md), phases named MIX@NAME;
+# FGPU_GATE_* variables go to the gated workers instead (the shim's overrides).
 # VARIANT_ONLY="dec mp": the mixes a variant runs (default: ONLY's).
 MAIN_ONLY=${ONLY:-}
 for variant in ${VARIANTS:-}; do
   ONLY=${VARIANT_ONLY:-$MAIN_ONLY}
-  AGENT_ENV=$(echo "${variant#*:}" | tr ',' ' ')
-  echo "== variant ${variant%%:*}: agent with $AGENT_ENV"
+  vars=$(echo "${variant#*:}" | tr ',' ' ')
+  AGENT_ENV=$(for x in $vars; do case $x in FGPU_GATE_*) ;; *) echo "$x" ;; esac; done | xargs)
+  SHIM_ENV=$(for x in $vars; do case $x in FGPU_GATE_*) echo "$x" ;; esac; done | xargs)
+  echo "== variant ${variant%%:*}: agent with ${AGENT_ENV:-nothing}, gated workers with ${SHIM_ENV:-nothing}"
   start_agent
   gated_phases "@${variant%%:*}"
   if want toggle; then for r in ${TOGGLE_ROLES:-cnn decoder}; do toggle_phase "$r" "@${variant%%:*}"; done; fi
   stop_agent
 done
 AGENT_ENV=
+SHIM_ENV=
 ONLY=$MAIN_ONLY
 if want full; then
   n=0

@@ -106,6 +106,8 @@ pub struct Activity {
     pub inflight: i64,
     /// Their estimated GPU time, ns.
     pub queued_ns: i64,
+    /// Processes launching on the device: a fresh launch stamp or batches in flight.
+    pub launching: u32,
 }
 
 impl Ledger {
@@ -141,6 +143,9 @@ impl Ledger {
             }
             if launch <= now {
                 a.last_launch = a.last_launch.max(launch);
+            }
+            if is_fresh(launch) || inflight > 0 {
+                a.launching += 1;
             }
             if inflight > 0 {
                 a.inflight += inflight;

@@ -22,9 +22,11 @@ use super::streams::{Inner, Stream};
 use super::{Kind, STATS, now_ns};
 
 /// Batch records per stream (events: one start and one end per record).
-pub const RING: usize = 4;
+pub const RING: usize = 8;
 /// Closed, unmeasured batches per stream at most (while the cost per launch is known; 1
-/// while it is not).
+/// while it is not): what the controller's queue bound allows, since batches close at half
+/// of it — a bound scaled for a multi-process container (docs/compute.md) takes more than
+/// the 3 records of before. `FGPU_GATE_DEPTH` lowers it ([`super::tuning`]).
 pub const DEPTH: usize = RING - 1;
 
 /// How a batch's GPU time starts.
@@ -256,7 +258,7 @@ pub fn close_batch(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
         return;
     }
     let max_out = if inner.known[b.kind as usize] {
-        DEPTH
+        super::tuning::depth()
     } else {
         1
     };

@@ -5,14 +5,32 @@
 //! µs; anything else is ignored with one line. Fewer batches mean fewer timing events (and
 //! their driver calls) per step, at the price of coarser settlement. They change only how this
 //! process measures itself: the controller's queue bound and turns still hold.
+//! `FGPU_GATE_DEPTH` (1 to [`DEPTH`]) lowers how many closed batches a stream may have
+//! unmeasured (the A/B of the deeper ring).
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
+use super::batch::DEPTH;
 use super::{BATCH_GPU_NS, BATCH_HOST_NS};
 use crate::log::{error, info};
 
 static HOST_NS: AtomicU64 = AtomicU64::new(BATCH_HOST_NS);
 static GPU_NS: AtomicI64 = AtomicI64::new(BATCH_GPU_NS);
+static MAX_OUT: AtomicUsize = AtomicUsize::new(DEPTH);
+
+/// Closed, unmeasured batches a stream may have at most.
+pub fn depth() -> usize {
+    MAX_OUT.load(Relaxed)
+}
+
+/// `1`..=[`DEPTH`].
+fn parse_depth(v: &str) -> Result<usize, String> {
+    match v.trim().parse::<usize>() {
+        Ok(n) if (1..=DEPTH).contains(&n) => Ok(n),
+        Ok(n) => Err(format!("{n} is out of range (1-{DEPTH})")),
+        Err(_) => Err("not a whole number".into()),
+    }
+}
 
 /// Host time after which an open batch closes, ns.
 pub fn batch_host_ns() -> u64 {
@@ -41,6 +59,18 @@ pub fn read() {
     if let Some(ns) = override_ns("FGPU_GATE_BATCH_GPU_US") {
         GPU_NS.store(ns.min(i64::MAX as u64) as i64, Relaxed);
     }
+    if let Some(v) = std::env::var("FGPU_GATE_DEPTH")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+    {
+        match parse_depth(&v) {
+            Ok(n) => {
+                info!("FGPU_GATE_DEPTH={v}: batch depth override (an experiment setting)");
+                MAX_OUT.store(n, Relaxed);
+            }
+            Err(e) => error!("FGPU_GATE_DEPTH={v} ignored: {e}"),
+        }
+    }
 }
 
 fn override_ns(name: &str) -> Option<u64> {
@@ -59,7 +89,17 @@ fn override_ns(name: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_us;
+    use super::{DEPTH, parse_depth, parse_us};
+
+    #[test]
+    fn the_depth_override_takes_1_to_the_ring_only() {
+        assert_eq!(parse_depth("3"), Ok(3));
+        assert_eq!(parse_depth(" 1 "), Ok(1));
+        assert_eq!(parse_depth(&DEPTH.to_string()), Ok(DEPTH));
+        assert!(parse_depth("0").is_err());
+        assert!(parse_depth(&(DEPTH + 1).to_string()).is_err());
+        assert!(parse_depth("three").is_err());
+    }
 
     #[test]
     fn batch_overrides_take_microseconds_in_range_only() {

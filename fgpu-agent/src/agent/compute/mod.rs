@@ -69,7 +69,9 @@ const LIGHT_DUTY: f64 = 0.3;
 /// A tenant sent back to turns does not co-run again for this long (no flapping).
 const CORUN_COOLDOWN_NS: u64 = 2_000_000_000;
 /// No process may have more than this estimated GPU time queued on a gated device (the
-/// next holder's wait for the device is bounded by it, plus one launch)...
+/// next holder's wait for the device is bounded by it, plus one launch; times the
+/// container's launching processes, at most [`tenant::MAX_QUEUE_SCALE`], see
+/// [`Tenant::queue_bound`])...
 const QUEUE_NS: u64 = 4_000_000;
 /// ...and while anyone co-runs there, no more than this.
 const CORUN_QUEUE_NS: u64 = 1_000_000;
@@ -182,13 +184,15 @@ pub struct Controller {
 /// The model's constants, overridable from the environment for experiments (the agent logs
 /// every override at start): `FGPU_COMPUTE_LIGHT_DUTY` (0-1), `FGPU_COMPUTE_ROUND_MS`,
 /// `FGPU_COMPUTE_QUEUE_US`, `FGPU_COMPUTE_OVERLAP` (0/1: open the next turn while the
-/// previous holder drains).
+/// previous holder drains), `FGPU_COMPUTE_QUEUE_SCALE` (0/1: scale the queue bound by the
+/// container's launching processes, [`Tenant::queue_bound`]).
 #[derive(Debug, Clone, Copy)]
 struct Tuning {
     light_duty: f64,
     round_ns: i64,
     queue_ns: u64,
     overlap: bool,
+    queue_scale: bool,
 }
 
 impl Default for Tuning {
@@ -198,6 +202,7 @@ impl Default for Tuning {
             round_ns: ROUND_NS,
             queue_ns: QUEUE_NS,
             overlap: false,
+            queue_scale: true,
         }
     }
 }
@@ -228,6 +233,8 @@ impl Tuning {
             })
             .map_or(d.queue_ns, |us| us * 1000),
             overlap: var("FGPU_COMPUTE_OVERLAP", |x: &u8| *x <= 1).map_or(d.overlap, |x| x == 1),
+            queue_scale: var("FGPU_COMPUTE_QUEUE_SCALE", |x: &u8| *x <= 1)
+                .map_or(d.queue_scale, |x| x == 1),
         }
     }
 }
@@ -497,13 +504,14 @@ impl Controller {
         // Write the decisions: the holder's turn open, co-runners beside it, everybody else
         // closed; small queues while anyone co-runs.
         let corun = ids.iter().any(|k| tenants[k].mode == Mode::CoRun);
-        let queue = if corun {
+        let base = if corun {
             CORUN_QUEUE_NS.min(tuning.queue_ns)
         } else {
             tuning.queue_ns
         };
         for k in &ids {
             let t = &tenants[k];
+            let queue = t.queue_bound(base, tuning.queue_scale && !corun);
             let state = if Some(*k) == dev.holder {
                 TURN_OPEN
             } else if t.mode == Mode::CoRun {

@@ -12,6 +12,9 @@ use fgpu_common::ledger::compute::Activity;
 use super::{ACHIEVED_OVER, FRESH_BEATS, MIN_QUANTUM_NS, WINDOW_NS};
 use crate::agent::ledgers::CgroupLedger;
 
+/// The most a container's launching processes scale its per-process queue bound by.
+pub const MAX_QUEUE_SCALE: u32 = 4;
+
 /// How a tenant gets the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -190,6 +193,20 @@ impl Tenant {
         }
     }
 
+    /// The queue bound for each of its processes, from the device's `base`: with `scale`,
+    /// times the processes launching on the device (at most [`MAX_QUEUE_SCALE`]). Several
+    /// processes of one container share its turn, and the driver time-slices their contexts:
+    /// each batch's events then span the others' work too, so each process's estimates grow
+    /// about N-fold and an unscaled bound left each of them about 1/N of its real work
+    /// queued — on the H200 the processes of a 2-process ResNet container spent ~10% of their
+    /// turns waiting for their oldest batch (`sync_ms`), where one process alone spent none.
+    /// Scaled, the container's real queued work stays about N × base; the drain after its
+    /// turn is bounded by the controller's deadline whatever the pages say, and a container
+    /// forging launch stamps in many slots gains at most the cap.
+    pub fn queue_bound(&self, base: u64, scale: bool) -> u64 {
+        queue_bound(base, self.act.launching, scale)
+    }
+
     /// Not using its turn: no launch and no measured time for `idle_ns` since it was granted
     /// — longer while it has work queued (its processes may be blocked in a synchronisation
     /// until that work has run): 1.5 × the queued estimate + 2 ms more, at most `max_ns`.
@@ -279,4 +296,34 @@ impl Tenant {
 
 pub fn gated(pct: u32) -> bool {
     (1..100).contains(&pct)
+}
+
+/// [`Tenant::queue_bound`] for a container with `launching` processes.
+fn queue_bound(base: u64, launching: u32, scale: bool) -> u64 {
+    let n = if scale {
+        launching.clamp(1, MAX_QUEUE_SCALE)
+    } else {
+        1
+    };
+    base.saturating_mul(u64::from(n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_bound_grows_with_launching_processes_up_to_the_cap() {
+        let base = 4_000_000;
+        assert_eq!(queue_bound(base, 0, true), base, "nobody launching yet: the base");
+        assert_eq!(queue_bound(base, 1, true), base);
+        assert_eq!(queue_bound(base, 2, true), 2 * base);
+        assert_eq!(
+            queue_bound(base, u32::MAX, true),
+            u64::from(MAX_QUEUE_SCALE) * base,
+            "forged stamps in every slot gain at most the cap"
+        );
+        assert_eq!(queue_bound(base, 3, false), base, "FGPU_COMPUTE_QUEUE_SCALE=0");
+        assert_eq!(queue_bound(u64::MAX, 2, true), u64::MAX, "no overflow");
+    }
 }
