@@ -76,6 +76,11 @@ pub struct CgroupStatus {
     /// device.
     #[serde(default)]
     pub compute_corun: bool,
+    /// How much estimated GPU time each of the cgroup's processes may have queued on a
+    /// device right now, µs (the controller's queue bound, times the cgroup's active
+    /// processes, at most 4×; docs/compute.md). `null` when not gated.
+    #[serde(default)]
+    pub compute_queue_us: Option<u64>,
     /// Cross-check: NVML's per-process SM utilisation of the cgroup's processes over the last
     /// few seconds, percent (summed over processes and devices; `null` where NVML has no
     /// samples, e.g. the simulated driver).
@@ -116,6 +121,7 @@ impl CgroupStatus {
             compute_used_pct: None,
             compute_turn_pct: None,
             compute_corun: false,
+            compute_queue_us: None,
             compute_nvml_pct: None,
             container_id: None,
             pod: None,

@@ -138,6 +138,9 @@ fn privileged_a_two_process_container_gets_one_share() {
         tenant(&w, "one", &["--compute", "50"], &[saturating(8000)]),
     ];
     go(&mut ts);
+    std::thread::sleep(Duration::from_millis(3000));
+    let (_, status) = w.fgpu(&["status", "--json"]);
+    let cgs = [ts[0].cg.path.clone(), ts[1].cg.path.clone()];
     let r = finish(ts, &agent);
     let two = 100.0 * (r[0][0] + r[0][1]) / alone;
     let one = 100.0 * r[1][0] / alone;
@@ -146,9 +149,20 @@ fn privileged_a_two_process_container_gets_one_share() {
         100.0 * r[0][0] / alone,
         100.0 * r[0][1] / alone
     );
-    let ctx = format!("agent log:\n{}", agent.log_text());
+    let ctx = format!("status: {status}\nagent log:\n{}", agent.log_text());
     within(two, 50.0, 3.0, "two-process container", &ctx);
     within(one, 50.0, 3.0, "one-process container", &ctx);
+    // Each of the two processes may queue twice the base bound (their events span each
+    // other's work); the one-process container keeps the base (4 ms).
+    let v: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
+    let queue_us = |cg: &str| {
+        v.as_array()
+            .and_then(|a| a.iter().find(|r| r["cgroup"] == cg))
+            .map(|r| r["compute_queue_us"].clone())
+            .unwrap_or_else(|| panic!("no row for {cg}: {status}"))
+    };
+    assert_eq!(queue_us(&cgs[0]), 8000, "two processes: {ctx}");
+    assert_eq!(queue_us(&cgs[1]), 4000, "one process: {ctx}");
 }
 
 /// A container whose one process feeds the device from two threads, each on a stream of its

@@ -94,6 +94,7 @@ impl State {
             row.compute_used_pct = figures.map(|f| (f.used_pct * 10.0).round() / 10.0);
             row.compute_turn_pct = figures.map(|f| (f.turn_pct * 10.0).round() / 10.0);
             row.compute_corun = figures.is_some_and(|f| f.corun);
+            row.compute_queue_us = figures.map(|f| f.queue_us);
             row.memory_limit_bytes = effective.memory_bytes;
             per_gpu_limits(row, &effective, &self.gpus.devices);
             row.memory_limit_gpus = effective.memory_gpus;

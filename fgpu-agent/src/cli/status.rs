@@ -19,7 +19,8 @@ pub struct StatusArgs {
     /// limit_bytes, allocs, frees),
     /// compute_share_pct, compute_cap_pct (and compute_share_gpus, compute_cap_gpus: per-GPU
     /// values by UUID), compute_turn_pct (device time held in turns: what a
-    /// share is a share of), compute_corun, compute_used_pct (measured GPU time),
+    /// share is a share of), compute_corun, compute_queue_us (the queue bound of each of
+    /// its processes), compute_used_pct (measured GPU time),
     /// compute_nvml_pct, container_id: the container whose cgroup it is; pod: its Kubernetes
     /// pod, `namespace/name` where an fgpu DRA claim names it).
     #[arg(long)]

@@ -106,8 +106,8 @@ pub struct Activity {
     pub inflight: i64,
     /// Their estimated GPU time, ns.
     pub queued_ns: i64,
-    /// Processes launching on the device: a fresh launch stamp or batches in flight.
-    pub launching: u32,
+    /// Processes using the device: a fresh launch or waiting stamp, or batches in flight.
+    pub active: u32,
 }
 
 impl Ledger {
@@ -144,8 +144,8 @@ impl Ledger {
             if launch <= now {
                 a.last_launch = a.last_launch.max(launch);
             }
-            if is_fresh(launch) || inflight > 0 {
-                a.launching += 1;
+            if is_fresh(launch) || is_fresh(wait) || inflight > 0 {
+                a.active += 1;
             }
             if inflight > 0 {
                 a.inflight += inflight;

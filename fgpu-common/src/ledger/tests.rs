@@ -133,7 +133,7 @@ fn activity_counts_fresh_stamps_only() {
     assert_eq!(a.queued_ns, 3_000_000);
     // Slot 0 launched a beat ago; slot 5 stopped long ago but its batch is still in flight;
     // slot 9 only waits (with a forged stamp).
-    assert_eq!(a.launching, 2);
+    assert_eq!(a.active, 2);
     // Another device is untouched.
     assert_eq!(l.activity(2, 100, 10), Activity::default());
 }
@@ -149,7 +149,7 @@ fn activity_is_bounded_against_forged_values() {
     l.slot_compute(1, 0).inflight.store(-5, SeqCst);
     l.slot_compute(1, 0).launched(u64::MAX); // from the future: not fresh
     let a = l.activity(0, 10, 5);
-    assert_eq!(a.launching, 1, "one real slot; the forged stamp and count add nobody");
+    assert_eq!(a.active, 1, "one real slot; the forged stamp and count add nobody");
     assert_eq!(a.inflight, 1 << 16);
     assert_eq!(a.queued_ns, 1_000_000_000);
     assert_eq!(l.slots_in_range(), MAX_SLOTS);

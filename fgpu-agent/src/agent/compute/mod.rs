@@ -70,7 +70,7 @@ const LIGHT_DUTY: f64 = 0.3;
 const CORUN_COOLDOWN_NS: u64 = 2_000_000_000;
 /// No process may have more than this estimated GPU time queued on a gated device (the
 /// next holder's wait for the device is bounded by it, plus one launch; times the
-/// container's launching processes, at most [`tenant::MAX_QUEUE_SCALE`], see
+/// container's active processes, at most [`tenant::MAX_QUEUE_SCALE`], see
 /// [`Tenant::queue_bound`])...
 const QUEUE_NS: u64 = 4_000_000;
 /// ...and while anyone co-runs there, no more than this.
@@ -98,6 +98,9 @@ pub struct ComputeFigures {
     pub turn_pct: f64,
     /// Whether it co-runs (latency-bound) on some device.
     pub corun: bool,
+    /// The queue bound each of its processes has now, µs (the largest over devices): the
+    /// base, times its active processes ([`Tenant::queue_bound`]).
+    pub queue_us: u64,
 }
 
 /// What the controller shares with the status report.
@@ -185,7 +188,7 @@ pub struct Controller {
 /// every override at start): `FGPU_COMPUTE_LIGHT_DUTY` (0-1), `FGPU_COMPUTE_ROUND_MS`,
 /// `FGPU_COMPUTE_QUEUE_US`, `FGPU_COMPUTE_OVERLAP` (0/1: open the next turn while the
 /// previous holder drains), `FGPU_COMPUTE_QUEUE_SCALE` (0/1: scale the queue bound by the
-/// container's launching processes, [`Tenant::queue_bound`]).
+/// container's active processes, [`Tenant::queue_bound`]).
 #[derive(Debug, Clone, Copy)]
 struct Tuning {
     light_duty: f64,
@@ -412,6 +415,8 @@ impl Controller {
                     why = if !t.eligible() { "cap" } else if idle { "idle" } else { "quantum" },
                     queued_us = t.act.queued_ns.max(0) / 1000,
                     inflight = t.act.inflight,
+                    active = t.act.active,
+                    queue_us = t.turn().queue_ns.load(SeqCst) / 1000,
                     "compute: turn ends"
                 );
                 t.held = None;
@@ -575,6 +580,7 @@ impl Controller {
             f.used_pct += t.used_pct_over(over);
             f.turn_pct += t.turn_pct_over(over);
             f.corun |= t.mode == Mode::CoRun;
+            f.queue_us = f.queue_us.max(t.turn().queue_ns.load(SeqCst) / 1000);
         }
         *status.by_cgroup.lock().expect("compute status lock") = by_cgroup;
     }

@@ -12,7 +12,7 @@ use fgpu_common::ledger::compute::Activity;
 use super::{ACHIEVED_OVER, FRESH_BEATS, MIN_QUANTUM_NS, WINDOW_NS};
 use crate::agent::ledgers::CgroupLedger;
 
-/// The most a container's launching processes scale its per-process queue bound by.
+/// The most a container's active processes scale its per-process queue bound by.
 pub const MAX_QUEUE_SCALE: u32 = 4;
 
 /// How a tenant gets the device.
@@ -194,7 +194,9 @@ impl Tenant {
     }
 
     /// The queue bound for each of its processes, from the device's `base`: with `scale`,
-    /// times the processes launching on the device (at most [`MAX_QUEUE_SCALE`]). Several
+    /// times its processes using the device (waiting, launching or with work in flight: at
+    /// most [`MAX_QUEUE_SCALE`]; waiting ones count, so the bound is already scaled when
+    /// its turn is granted). Several
     /// processes of one container share its turn, and the driver time-slices their contexts:
     /// each batch's events then span the others' work too, so each process's estimates grow
     /// about N-fold and an unscaled bound left each of them about 1/N of its real work
@@ -204,7 +206,7 @@ impl Tenant {
     /// turn is bounded by the controller's deadline whatever the pages say, and a container
     /// forging launch stamps in many slots gains at most the cap.
     pub fn queue_bound(&self, base: u64, scale: bool) -> u64 {
-        queue_bound(base, self.act.launching, scale)
+        queue_bound(base, self.act.active, scale)
     }
 
     /// Not using its turn: no launch and no measured time for `idle_ns` since it was granted
@@ -298,10 +300,10 @@ pub fn gated(pct: u32) -> bool {
     (1..100).contains(&pct)
 }
 
-/// [`Tenant::queue_bound`] for a container with `launching` processes.
-fn queue_bound(base: u64, launching: u32, scale: bool) -> u64 {
+/// [`Tenant::queue_bound`] for a container with `active` processes.
+fn queue_bound(base: u64, active: u32, scale: bool) -> u64 {
     let n = if scale {
-        launching.clamp(1, MAX_QUEUE_SCALE)
+        active.clamp(1, MAX_QUEUE_SCALE)
     } else {
         1
     };
@@ -313,9 +315,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_queue_bound_grows_with_launching_processes_up_to_the_cap() {
+    fn the_queue_bound_grows_with_active_processes_up_to_the_cap() {
         let base = 4_000_000;
-        assert_eq!(queue_bound(base, 0, true), base, "nobody launching yet: the base");
+        assert_eq!(queue_bound(base, 0, true), base, "nobody active yet: the base");
         assert_eq!(queue_bound(base, 1, true), base);
         assert_eq!(queue_bound(base, 2, true), 2 * base);
         assert_eq!(

@@ -336,6 +336,14 @@ impl SampleCollector {
                     .map(|_| if r.compute_corun { 1.0 } else { 0.0 })
             }),
         )?;
+        fam(
+            "cgroup_compute_queue_seconds",
+            "Estimated GPU time each of the cgroup's processes may have queued on a device (the controller's queue bound, scaled by the cgroup's active processes); absent when not gated",
+        )
+        .gauges(
+            enc,
+            self.per_cgroup(|r| r.compute_queue_us.map(|us| us as f64 / 1e6)),
+        )?;
         Ok(())
     }
 

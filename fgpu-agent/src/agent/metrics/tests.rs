@@ -32,6 +32,7 @@ fn row(cgroup: &str, used: u64, limit: Option<u64>, denied: u64) -> CgroupStatus
         compute_share_pct: Some(30),
         compute_used_pct: Some(27.5),
         compute_turn_pct: Some(31.0),
+        compute_queue_us: Some(8000),
         ..CgroupStatus::empty(cgroup.into())
     }
 }
@@ -83,6 +84,7 @@ fn a_cgroup_has_its_figures_with_dcgm_and_container_labels() {
         format!("fgpu_cgroup_compute_share_ratio{{{base}}} 0.3"),
         format!("fgpu_cgroup_compute_used_ratio{{{base}}} 0.275"),
         format!("fgpu_cgroup_compute_turn_ratio{{{base}}} 0.31"),
+        format!("fgpu_cgroup_compute_queue_seconds{{{base}}} 0.008"),
         format!(
             r#"fgpu_ledger_compute_turns_total{{ledger="/fgpu/a",gpu="1",UUID="{uuid}",Hostname="node-1"}} 42.0"#
         ),
