@@ -149,7 +149,10 @@ fn activity_is_bounded_against_forged_values() {
     l.slot_compute(1, 0).inflight.store(-5, SeqCst);
     l.slot_compute(1, 0).launched(u64::MAX); // from the future: not fresh
     let a = l.activity(0, 10, 5);
-    assert_eq!(a.active, 1, "one real slot; the forged stamp and count add nobody");
+    assert_eq!(
+        a.active, 1,
+        "one real slot; the forged stamp and count add nobody"
+    );
     assert_eq!(a.inflight, 1 << 16);
     assert_eq!(a.queued_ns, 1_000_000_000);
     assert_eq!(l.slots_in_range(), MAX_SLOTS);

@@ -317,7 +317,11 @@ mod tests {
     #[test]
     fn the_queue_bound_grows_with_active_processes_up_to_the_cap() {
         let base = 4_000_000;
-        assert_eq!(queue_bound(base, 0, true), base, "nobody active yet: the base");
+        assert_eq!(
+            queue_bound(base, 0, true),
+            base,
+            "nobody active yet: the base"
+        );
         assert_eq!(queue_bound(base, 1, true), base);
         assert_eq!(queue_bound(base, 2, true), 2 * base);
         assert_eq!(
@@ -325,7 +329,11 @@ mod tests {
             u64::from(MAX_QUEUE_SCALE) * base,
             "forged stamps in every slot gain at most the cap"
         );
-        assert_eq!(queue_bound(base, 3, false), base, "FGPU_COMPUTE_QUEUE_SCALE=0");
+        assert_eq!(
+            queue_bound(base, 3, false),
+            base,
+            "FGPU_COMPUTE_QUEUE_SCALE=0"
+        );
         assert_eq!(queue_bound(u64::MAX, 2, true), u64::MAX, "no overflow");
     }
 }
