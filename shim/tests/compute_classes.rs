@@ -165,6 +165,39 @@ fn privileged_a_two_process_container_gets_one_share() {
     assert_eq!(queue_us(&cgs[1]), 4000, "one process: {ctx}");
 }
 
+/// A cap holds for the container, not per process: two saturating processes in one
+/// container capped at 30 on an otherwise idle device do 30 ± 4% of what one does alone
+/// together. (Their batches' events span each other's work, so their measured GPU time is
+/// about twice the device time they hold; a bucket charged with it gave them half the cap.)
+#[test]
+fn privileged_a_capped_two_process_container_gets_its_cap() {
+    if !privileged() {
+        return;
+    }
+    let _one = common::tenants::measuring();
+    let w = AgentWorld::new("clscap2");
+    let agent = w.agent();
+    let alone = solo(&w, &agent, saturating(3000));
+    let mut ts = vec![tenant(
+        &w,
+        "cap2",
+        &["--compute-cap", "30"],
+        &[saturating(4000), saturating(4000)],
+    )];
+    go(&mut ts);
+    std::thread::sleep(Duration::from_millis(2500));
+    let (_, status) = w.fgpu(&["status", "--json"]);
+    let r = finish(ts, &agent);
+    let both = 100.0 * (r[0][0] + r[0][1]) / alone;
+    println!(
+        "2-process container capped at 30 alone: {both:.1}% ({:.1} + {:.1}) of one process alone",
+        100.0 * r[0][0] / alone,
+        100.0 * r[0][1] / alone
+    );
+    let ctx = format!("status: {status}\nagent log:\n{}", agent.log_text());
+    within(both, 30.0, 4.0, "capped two-process container", &ctx);
+}
+
 /// A container whose one process feeds the device from two threads, each on a stream of its
 /// own, at 50 next to a one-process container at 50: the threads share one share (their
 /// steps together 50 ± 3% of what the two threads do alone), not one each.

@@ -24,7 +24,8 @@
 //!   decisions are written into the ledger's read-only page.
 //!
 //! Caps are token buckets on measured GPU time (refilled at the cap, at most a
-//! [`WINDOW_NS`] share of it): a tenant whose bucket is empty gets no turn, even on an idle
+//! [`WINDOW_NS`] share of it; a turn is charged at most the device time it held, see
+//! `Tenant::settle_cap`): a tenant whose bucket is empty gets no turn, even on an idle
 //! device. Tenants without a share or cap are not gated and not scheduled.
 
 mod switches;
@@ -501,6 +502,7 @@ impl Controller {
                     pending: draining.is_some(),
                 });
                 t.stats.turns += 1;
+                t.begin_turn();
                 tracing::trace!(cgroup = %t.ledger.cgroup, pending = draining.is_some(), "compute: turn granted");
                 dev.holder = Some(n);
                 status.switches.granted(device, dev.ended.take(), now, n);
