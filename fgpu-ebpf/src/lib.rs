@@ -41,8 +41,6 @@ pub const CLANG_FLAGS: &[&str] = &[
     "-g",
     "-target",
     "bpf",
-    // Atomic compare-and-exchange and exchange (the address locks): kernel 5.12 and later.
-    "-mcpu=v3",
     "-D__TARGET_ARCH_x86",
     "-Wall",
     "-Werror",

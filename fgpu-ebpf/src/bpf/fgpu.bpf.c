@@ -45,13 +45,6 @@ char LICENSE[] SEC("license") = "GPL";
 #define CU_MEM_PROP_LOCATION_ID_OFF 12
 #define CU_MEM_LOCATION_TYPE_DEVICE 1
 
-struct call_args {
-	__u64 api;
-	__u64 a0, a1, a2, a3;
-	/* A free: the born_ns of the record its pointer had at entry (0: none). */
-	__u64 born_ns;
-};
-
 struct alloc_key {
 	__u32 tgid;
 	__u32 pad;
@@ -64,11 +57,26 @@ struct alloc_val {
 	__u64 tenant;
 	__u32 device;
 	__u32 pad;
+};
+
+/* What a free's entry did with its pointer's record (call_args.freed). */
+#define FREE_NONE 0     /* not a free */
+#define FREE_TAKEN 1    /* taken out of `allocs` into call_args.rec */
+#define FREE_UNSEEN 2   /* no record: an unknown free */
+
+struct call_args {
+	__u64 api;
+	__u64 a0, a1, a2, a3;
+	__u64 freed;
 	/*
-	 * When the record was made. A free's return credits only the record its entry saw: the
-	 * driver may hand the address to another thread before the free returns (see credit).
+	 * A free takes its record out of `allocs` at entry, while the driver still holds the
+	 * memory (so nobody can be handed the address and charged meanwhile), and credits it at
+	 * return on success, or puts it back on failure. A free that looked its record up at
+	 * entry and deleted it at return raced with another thread handed the address in
+	 * between: its delete, by key, could remove that thread's new record (the freed one then
+	 * credited twice, the new one never).
 	 */
-	__u64 born_ns;
+	struct alloc_val rec;
 };
 
 struct {
@@ -122,23 +130,6 @@ struct {
 	__type(key, __u64);
 	__type(value, struct fgpu_limit);
 } limits SEC(".maps");
-
-/*
- * Locks over (tgid, address) records, hashed (see addr_lock): a free's return looks its
- * record up and deletes it, an allocation deletes a stale record and inserts its own. Without
- * one, an allocation handed the address could credit the freed record and insert its own
- * between a free's look-up and its delete (the free preempted there); the delete, by key,
- * then removed the new record: the freed one credited twice, the new one never (its free
- * later "unknown"). Seen on the simulator under CPU load, 1 run in ~10 of 80 000 pairs.
- */
-#define FGPU_ADDR_LOCKS 4096
-#define FGPU_LOCK_SPINS 1024
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, FGPU_ADDR_LOCKS);
-	__type(key, __u32);
-	__type(value, __u32);
-} addr_locks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -293,74 +284,44 @@ static __always_inline void proc_add(__u32 tgid, __u64 delta)
 		__sync_fetch_and_add(&p->bytes, delta);
 }
 
-/*
- * The lock of (tgid, addr), taken; NULL if it could not be had within FGPU_LOCK_SPINS tries
- * (its holder preempted inside a few instructions: the caller goes on unlocked, as before
- * the locks). Held only around a look-up and a delete, or an insert.
- */
-static __always_inline __u32 *addr_lock(__u32 tgid, __u64 addr)
+/* Credits a record taken out of `allocs` (a free, an exit). */
+static __always_inline void credit_rec(__u32 tgid, __u32 tid, __u64 addr, __u32 api, __s32 rc,
+				       const struct alloc_val *val)
 {
-	__u32 i = (__u32)(((addr >> 12) ^ (addr >> 31) ^ tgid) % FGPU_ADDR_LOCKS);
-	__u32 *l = bpf_map_lookup_elem(&addr_locks, &i);
+	__u64 total = cg_add(val->cgroup_id, val->device, -val->size, 0);
 
-	if (!l)
-		return NULL;
-	for (int n = 0; n < FGPU_LOCK_SPINS; n++) {
-		if (__sync_val_compare_and_swap(l, 0, 1) == 0)
-			return l;
-	}
-	return NULL;
-}
-
-static __always_inline void addr_unlock(__u32 *l)
-{
-	if (l)
-		__sync_lock_test_and_set(l, 0);
+	tree_credit(val->cgroup_id, val->device, val->size);
+	tenant_add(val->tenant, -1, 0);
+	proc_add(tgid, -val->size);
+	emit(FGPU_EV_FREE, api, tgid, tid, val->cgroup_id, addr, val->size, val->device, rc, total);
 }
 
 /*
- * Forget (tgid, addr) and credit its owner; returns the bytes credited (0 if unknown).
- *
- * `born_ns` 0: whatever record the pointer has (an allocation that got the pointer again).
- * Otherwise the caller is a free's return and `born_ns` the record its entry saw (the
- * `FREE_UNSEEN` when there was none: an unknown free). A free's return comes after the driver
- * released the range, and another thread's allocation may have been handed the same address
- * and charged meanwhile (its charge then credited this free's record): the record found now
- * is that allocation's, and it stays.
+ * Forget (tgid, addr) and credit its owner (an allocation handed an address we still hold a
+ * record of: we missed its free). Returns the bytes credited (0 if none).
  */
-#define FREE_UNSEEN ((__u64)-1)
-static __always_inline __u64 credit(__u32 tgid, __u32 tid, __u64 addr, __u32 api, __s32 rc,
-				    __u64 born_ns)
+static __always_inline __u64 credit(__u32 tgid, __u32 tid, __u64 addr, __u32 api, __s32 rc)
 {
 	struct alloc_key key = { .tgid = tgid, .addr = addr };
-	struct alloc_val *v;
+	struct alloc_val *v = bpf_map_lookup_elem(&allocs, &key);
 	struct alloc_val val;
-	__u64 total;
-	__u32 *lock;
-	long gone;
 
-	if (born_ns == FREE_UNSEEN) {
-		if (addr)
-			count(FGPU_CTR_UNKNOWN_FREES);
+	if (!v)
 		return 0;
-	}
-	lock = addr_lock(tgid, addr);
-	v = bpf_map_lookup_elem(&allocs, &key);
-	if (!v || (born_ns && v->born_ns != born_ns)) {
-		addr_unlock(lock);
-		return 0;
-	}
 	val = *v;
-	gone = bpf_map_delete_elem(&allocs, &key);
-	addr_unlock(lock);
-	if (gone != 0)
-		return 0; /* a concurrent free of the same pointer won the race */
-	total = cg_add(val.cgroup_id, val.device, -val.size, 0);
-	tree_credit(val.cgroup_id, val.device, val.size);
-	tenant_add(val.tenant, -1, 0);
-	proc_add(tgid, -val.size);
-	emit(FGPU_EV_FREE, api, tgid, tid, val.cgroup_id, addr, val.size, val.device, rc, total);
+	if (bpf_map_delete_elem(&allocs, &key) != 0)
+		return 0; /* somebody else took it meanwhile */
+	credit_rec(tgid, tid, addr, api, rc, &val);
 	return val.size;
+}
+
+/* Puts a record a free took out back (the free failed, or its thread died inside it). */
+static __always_inline void restore(__u32 tgid, __u64 addr, const struct alloc_val *val)
+{
+	struct alloc_key key = { .tgid = tgid, .addr = addr };
+
+	if (bpf_map_update_elem(&allocs, &key, val, BPF_NOEXIST) != 0)
+		count(FGPU_CTR_MAP_FULL); /* still charged; released with the process */
 }
 
 /*
@@ -437,7 +398,6 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 		.size = size,
 		.cgroup_id = cgroup_id,
 		.device = device,
-		.born_ns = bpf_ktime_get_ns(),
 	};
 	struct fgpu_cg_tree *tree;
 	struct fgpu_tenant *t;
@@ -445,11 +405,9 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 	__u32 flags = default_flags(), crossed_flags = 0;
 	__u64 tenant = cgroup_id, total, crossed = 0, crossed_total = 0;
 	int new_proc = 0;
-	__u32 *lock;
-	long stored;
 
 	/* A pointer handed out again while we still hold it means we missed its free. */
-	credit(tgid, tid, addr, api, rc, 0);
+	credit(tgid, tid, addr, api, rc);
 	/*
 	 * A map that is full (or an element the kernel could not allocate) is no tenant's
 	 * doing: such allocations are counted (FGPU_CTR_MAP_FULL), never killed for. Only a
@@ -495,10 +453,7 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 		}
 	}
 	val.tenant = tenant;
-	lock = addr_lock(tgid, addr);
-	stored = bpf_map_update_elem(&allocs, &key, &val, BPF_NOEXIST);
-	addr_unlock(lock);
-	if (stored != 0) {
+	if (bpf_map_update_elem(&allocs, &key, &val, BPF_NOEXIST) != 0) {
 		count(FGPU_CTR_MAP_FULL);
 		return;
 	}
@@ -553,9 +508,19 @@ int BPF_KPROBE(fgpu_enter, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
 	case FGPU_API_HIP_FREE_ASYNC:
 	case FGPU_API_HIP_MEM_RELEASE: {
 		struct alloc_key key = { .tgid = id >> 32, .addr = a0 };
-		struct alloc_val *v = bpf_map_lookup_elem(&allocs, &key);
+		struct call_args *prev = bpf_map_lookup_elem(&call_args, &id);
+		struct alloc_val *v;
 
-		args.born_ns = v ? v->born_ns : FREE_UNSEEN;
+		/* A second attachment (two agents during a restart): the first took the record. */
+		if (prev && prev->api == args.api && prev->a0 == a0 && prev->freed == FREE_TAKEN)
+			return 0;
+		v = bpf_map_lookup_elem(&allocs, &key);
+		args.freed = FREE_UNSEEN;
+		if (v) {
+			args.rec = *v;
+			if (bpf_map_delete_elem(&allocs, &key) == 0)
+				args.freed = FREE_TAKEN;
+		}
 		break;
 	}
 	default:
@@ -582,6 +547,8 @@ int BPF_KRETPROBE(fgpu_leave, long ret)
 	bpf_map_delete_elem(&call_args, &id);
 	if (rc != 0) {
 		count(FGPU_CTR_FAILED_CALLS);
+		if (a.freed == FREE_TAKEN)
+			restore(tgid, a.a0, &a.rec); /* the memory is still held */
 		return 0;
 	}
 
@@ -592,7 +559,10 @@ int BPF_KRETPROBE(fgpu_leave, long ret)
 	case FGPU_API_HIP_FREE:
 	case FGPU_API_HIP_FREE_ASYNC:
 	case FGPU_API_HIP_MEM_RELEASE:
-		credit(tgid, tid, a.a0, a.api, rc, a.born_ns);
+		if (a.freed == FREE_TAKEN)
+			credit_rec(tgid, tid, a.a0, a.api, rc, &a.rec);
+		else if (a.a0)
+			count(FGPU_CTR_UNKNOWN_FREES);
 		return 0;
 	case FGPU_API_CU_MEM_ALLOC:
 	case FGPU_API_CU_MEM_ALLOC_MANAGED:
@@ -658,10 +628,23 @@ int fgpu_sched_exit(void *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32;
 	struct release_ctx rctx = { .tgid = tgid };
+	struct call_args *left;
 	struct fgpu_proc *p;
 	__u64 cgroup_id, tenant;
 
-	/* A thread that died inside a probed call leaves its arguments behind. */
+	/*
+	 * A thread that died inside a probed call leaves its arguments behind; inside a free,
+	 * with its record taken out. Whether the driver released that memory is unknown: it
+	 * stays charged while the process lives (released with it), and is credited if the
+	 * process was released already.
+	 */
+	left = bpf_map_lookup_elem(&call_args, &id);
+	if (left && left->freed == FREE_TAKEN) {
+		if (bpf_map_lookup_elem(&procs, &tgid))
+			restore(tgid, left->a0, &left->rec);
+		else
+			credit_rec(tgid, (__u32)id, left->a0, (__u32)left->api, 0, &left->rec);
+	}
 	bpf_map_delete_elem(&call_args, &id);
 	if ((__u32)id != tgid)
 		return 0; /* not the thread-group leader */
