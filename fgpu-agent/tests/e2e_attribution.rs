@@ -353,6 +353,58 @@ fn privileged_a_freed_address_handed_out_again_at_once_is_charged_to_its_new_hol
     assert!(load.finish().success());
 }
 
+/// A free that fails (no context current) credits nothing, and the pointer's record, taken
+/// out at the free's entry, is put back: the free that then works credits it (nothing left
+/// charged), and nothing is "unknown".
+#[test]
+fn privileged_a_failed_free_keeps_its_record_for_the_free_that_works() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-e2e-failfree"));
+    let failed_before = agent.detail()["counters"]["failed_calls"].as_u64().unwrap();
+    let mut load = Load::spawn(
+        &cg,
+        &state.0,
+        &[
+            "alloc",
+            "8MiB",
+            "no-context",
+            "free",
+            "0",
+            "info",
+            "device",
+            "0",
+            "free",
+            "0",
+            "hold",
+        ],
+    );
+    load.expect_line("alloc ok");
+    load.expect_line("no-context ok");
+    let failed = load.expect_line("free");
+    assert!(failed.starts_with("free fail"), "{failed}");
+    load.expect_line("info");
+    load.expect_line("device ok");
+    let freed = load.expect_line("free");
+    assert!(freed.starts_with("free ok"), "{freed}");
+    load.expect_line("ready");
+    // Without the record put back, the working free would be "unknown" and the 8 MiB stay
+    // charged.
+    let counters = &agent.detail()["counters"];
+    agent.wait_for(&cg, "nothing left charged", Duration::from_secs(5), |s| {
+        s.is_none()
+    });
+    assert_eq!(counters["unknown_frees"], 0, "{counters}");
+    assert!(
+        counters["failed_calls"].as_u64().unwrap() > failed_before,
+        "the failed free was seen: {counters}"
+    );
+    assert!(load.finish().success());
+}
+
 #[test]
 fn privileged_a_containers_own_copy_is_found_and_each_inode_probed_once() {
     if !privileged() {

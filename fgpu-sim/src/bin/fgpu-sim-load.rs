@@ -13,6 +13,7 @@
 //!   free-last | free N | free-all | trim | info | launch N KERNEL | graph N KERNEL REPLAYS
 //!   sync | sleep MS | hold | nvml
 //!   device N                    (make ordinal N's primary context current; prints its UUID)
+//!   no-context                  (no context current: driver calls then fail, e.g. a free)
 //!   devices                     (the visible ordinals and their UUIDs)
 //!   launch-for MS KERNEL        (10 launches + sync, repeated for MS ms; prints n)
 //!   launch-for-each MS KERNEL   (launch-for on every visible device at once, a thread each)
@@ -1272,6 +1273,15 @@ fn main() {
                 d.graph_for(ms, n, &kernel);
             }
             "sync" => d.sync(),
+            "no-context" => {
+                // SAFETY: documented signature; a null context is valid (none current).
+                let rc = unsafe { (d.api.ctx_set_current)(0) };
+                d.report(
+                    rc,
+                    "no-context ok".into(),
+                    format!("no-context fail rc={rc}"),
+                );
+            }
             "bench-launch" => {
                 let n = num_arg(args.get(i)).unwrap_or(100_000);
                 let kernel = args.get(i + 1).cloned().unwrap_or_else(|| "empty".into());
