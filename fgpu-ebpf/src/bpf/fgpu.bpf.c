@@ -59,8 +59,7 @@ struct alloc_val {
 	__u32 pad;
 };
 
-/* What a free's entry did with its pointer's record (call_args.freed). */
-#define FREE_NONE 0     /* not a free */
+/* What a free's entry did with its pointer's record (call_args.freed; 0: not a free). */
 #define FREE_TAKEN 1    /* taken out of `allocs` into call_args.rec */
 #define FREE_UNSEEN 2   /* no record: an unknown free */
 
@@ -298,21 +297,20 @@ static __always_inline void credit_rec(__u32 tgid, __u32 tid, __u64 addr, __u32 
 
 /*
  * Forget (tgid, addr) and credit its owner (an allocation handed an address we still hold a
- * record of: we missed its free). Returns the bytes credited (0 if none).
+ * record of: we missed its free).
  */
-static __always_inline __u64 credit(__u32 tgid, __u32 tid, __u64 addr, __u32 api, __s32 rc)
+static __always_inline void credit(__u32 tgid, __u32 tid, __u64 addr, __u32 api, __s32 rc)
 {
 	struct alloc_key key = { .tgid = tgid, .addr = addr };
 	struct alloc_val *v = bpf_map_lookup_elem(&allocs, &key);
 	struct alloc_val val;
 
 	if (!v)
-		return 0;
+		return;
 	val = *v;
 	if (bpf_map_delete_elem(&allocs, &key) != 0)
-		return 0; /* somebody else took it meanwhile */
+		return; /* somebody else took it meanwhile */
 	credit_rec(tgid, tid, addr, api, rc, &val);
-	return val.size;
 }
 
 /* Puts a record a free took out back (the free failed, or its thread died inside it). */
