@@ -405,6 +405,42 @@ fn privileged_a_failed_free_keeps_its_record_for_the_free_that_works() {
     assert!(load.finish().success());
 }
 
+/// A process SIGKILLed inside a free (its record taken out at the free's entry, the driver
+/// not yet returned) is released whole: its memory is credited with it, nothing stays
+/// charged, nothing is "unknown".
+#[test]
+fn privileged_a_process_killed_inside_a_free_is_released_whole() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let cg = Cgroup::new(&unique("fgpu-e2e-killfree"));
+    let sim = common::sim_dir();
+    let mut load = Load::spawn_env(
+        &cg,
+        &state.0,
+        &sim.join("fgpu-sim-load"),
+        &["alloc", "8MiB", "free", "0", "hold"],
+        &[("FGPU_SIM_FREE_DELAY_MS", "5000")],
+    );
+    load.expect_line("alloc ok");
+    agent
+        .wait_for(&cg, "8 MiB charged", Duration::from_secs(5), |s| {
+            s.is_some_and(|s| s["memory_used_bytes"] == 8u64 << 20)
+        })
+        .unwrap();
+    // Inside the free now (it waits 5 s before doing anything).
+    std::thread::sleep(Duration::from_millis(300));
+    load.kill();
+    // Without the exit putting the taken record back, the 8 MiB stayed charged for good.
+    agent.wait_for(&cg, "released whole", Duration::from_secs(3), |s| {
+        s.is_none()
+    });
+    let counters = &agent.detail()["counters"];
+    assert_eq!(counters["unknown_frees"], 0, "{counters}");
+}
+
 #[test]
 fn privileged_a_containers_own_copy_is_found_and_each_inode_probed_once() {
     if !privileged() {

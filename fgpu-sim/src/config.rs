@@ -6,7 +6,8 @@
 //! Devices and memory are fixed by whichever process creates the state file.
 //! `FGPU_SIM_REUSE_VA=1` (per process, read in [`crate::process`]): linear memory freed is
 //! handed out again last-in first-out, as a real driver does; by default addresses never
-//! repeat.
+//! repeat. `FGPU_SIM_FREE_DELAY_MS=N` (per process, read in [`crate::cuda::memory`]):
+//! `cuMemFree_v2` waits N ms before it does anything (a process killed inside a free).
 
 use crate::size::parse_size;
 use crate::state::MAX_DEVICES;

@@ -285,7 +285,8 @@ fn privileged_a_tenant_cannot_bank_device_time_and_spend_it_later() {
 /// controller wait for it forever — fresh waiting and launch stamps for every process and
 /// device, huge queued work, measured GPU time that keeps it in turns — and never launches. Its neighbour at 50, saturating, still
 /// gets its share (≥ 45% of its solo rate) and is never held off the device for more than a
-/// turn and a drain (progress in every 300 ms).
+/// turn and a drain (progress in every 300 ms); its forged stamps raise its queue bound by
+/// at most the 4× cap.
 #[test]
 fn privileged_a_tenant_forging_its_page_cannot_hold_the_device() {
     if !privileged() {
@@ -305,6 +306,8 @@ fn privileged_a_tenant_forging_its_page_cannot_hold_the_device() {
     )];
     let forger = w.client(&hostile, &[], "forge-compute", &["4500"]);
     go(&mut ts);
+    std::thread::sleep(Duration::from_millis(2000));
+    let (_, status) = w.fgpu(&["status", "--json"]);
     let f = forger.finish();
     let honest = ts.pop().unwrap().procs.pop().unwrap().finish();
     let ctx = format!(
@@ -324,4 +327,13 @@ fn privileged_a_tenant_forging_its_page_cannot_hold_the_device() {
     );
     println!("next to a tenant forging its page: honest tenant at {got:.1}% of its solo rate");
     assert!(got >= 45.0, "honest tenant at {got:.1}%\n{ctx}");
+    // Fresh stamps in every slot scale the forger's queue bound by at most 4 × 4 ms.
+    let v: serde_json::Value = serde_json::from_str(&status).expect("status JSON");
+    let queue = v
+        .as_array()
+        .and_then(|a| a.iter().find(|r| r["cgroup"] == hostile.path.as_str()))
+        .and_then(|r| r["compute_queue_us"].as_u64())
+        .unwrap_or_else(|| panic!("no queue bound for {}: {status}", hostile.path));
+    println!("the forger's queue bound: {queue} us");
+    assert!(queue <= 16_000, "forger's queue bound {queue} us\n{status}");
 }

@@ -5,6 +5,21 @@ use crate::ffi::put;
 use crate::process::{Alloc, AllocKind, local};
 use crate::state::shared;
 
+/// `FGPU_SIM_FREE_DELAY_MS` (docs in [`crate::config`]): a free that takes that long, for
+/// tests that kill a process inside one.
+fn free_delay() {
+    static MS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let ms = *MS.get_or_init(|| {
+        std::env::var("FGPU_SIM_FREE_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 /// Allocates `size` bytes of `kind` on the current device and returns the pointer.
 pub fn allocate(size: u64, kind: AllocKind, charge: bool) -> Result<(u64, usize), CUresult> {
     if size == 0 {
@@ -70,6 +85,7 @@ pub extern "C" fn cu_mem_alloc_managed(
 }
 
 pub extern "C" fn cu_mem_free(ptr: CUdeviceptr) -> CUresult {
+    free_delay();
     let mut l = local();
     if let Err(e) = l.current_dev() {
         return e;
