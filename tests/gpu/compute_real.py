@@ -47,6 +47,72 @@ def rate_between(progress, t0, t1):
     return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
 
 
+# The interleaved mixes (compute_real.sh ILV=...): name -> (tenant, label, setting) per tenant.
+ILV_MIXES = {
+    "dec": [("a", "decoder", 50), ("b", "cnn", 50)],
+    "mp": [("a", "2-process cnn container", 50), ("b", "1-process cnn container", 50)],
+    "s25": [("a", "cnn", 25), ("b", "attn", 75)],
+    "s3": [("a", "cnn", 20), ("b", "attn", 30), ("c", "graph", 50)],
+}
+
+
+def ilv(runs, out, check):
+    """Shares from the interleaved phases: each tenant's rate in every mix (and slice) window
+    against the mean of its alone windows nearest before and after it (a container's
+    processes added up); the share is the mean over the mix windows."""
+    settle = float(os.environ.get("ILV_SETTLE", "0.3"))
+    windows = {}
+    try:
+        for line in open(os.path.join(out, "ilv.txt")):
+            phase, kind, t0, t1 = line.split()
+            windows.setdefault(phase, []).append((kind, float(t0) + settle, float(t1)))
+    except OSError:
+        return
+    for phase, wins in windows.items():
+        mix = phase[len("ilv-"):].split("@")[0]
+        procs = [r for r in runs if r["phase"] == phase and r.get("result")]
+        tenants = ILV_MIXES.get(mix, [])
+        shares = {}
+        for t, label, want in tenants:
+            prog = [r["result"]["progress"] for r in procs if r["tenant"] == t]
+            if not prog:
+                check(f"{phase}: {label}", False, "no result", "a rate per window")
+                continue
+            rate = [sum(rate_between(p, a, b) for p in prog) for _, a, b in wins]
+            alone = [i for i, w in enumerate(wins) if w[0] == f"alone-{t}"]
+
+            def against_alone(i):
+                near = ([j for j in alone if j < i][-1:] + [j for j in alone if j > i][:1])
+                ref = [rate[j] for j in near if rate[j] > 0]
+                return 100 * rate[i] / statistics.mean(ref) if ref else math.nan
+
+            got = {k: [against_alone(i) for i, w in enumerate(wins) if w[0] == k]
+                   for k in ("mix", "slice")}
+            m = statistics.mean(got["mix"]) if got["mix"] else math.nan
+            sl = statistics.mean(got["slice"]) if got["slice"] else math.nan
+            shares[t] = (m, sl, want)
+            alone_rates = " / ".join(fmt(rate[j]) for j in alone)
+            check(f"{phase}: {label} alone, ungated (its reference, per window)", True,
+                  f"{alone_rates} it/s", "info", verdict="INFO")
+            check(f"{phase}: {label}, driver time-slicing (comparison)", True,
+                  f"{fmt(sl)}% ({' / '.join(fmt(x) for x in got['slice'])})", "none",
+                  verdict="INFO")
+            windows_txt = " / ".join(fmt(x) for x in got["mix"])
+            if mix == "dec" and t == "a":
+                check(f"{phase}: {label} at --compute {want}, of its rate alone", m >= 50
+                      and (math.isnan(sl) or m >= sl), f"{fmt(m)}% ({windows_txt})",
+                      f">= 50 and >= time-slicing's {fmt(sl)}")
+            elif mix == "dec":
+                check(f"{phase}: {label} next to it at --compute {want}", m >= 50,
+                      f"{fmt(m)}% ({windows_txt})", ">= 50")
+            else:
+                check(f"{phase}: {label} at --compute {want}", abs(m - want) <= 5,
+                      f"{fmt(m)}% ({windows_txt})", f"{want} +- 5")
+        if mix in ("s25", "s3") and len(shares) == len(tenants):
+            total = sum(v[0] for v in shares.values())
+            check(f"{phase}: total", total >= 90, f"{fmt(total)}%", ">= 90%")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", required=True)
@@ -78,13 +144,15 @@ def main():
     if "cnn" in ref and first > 0:
         ref2p *= ref["cnn"] / first
     for r in runs:
-        r["share"] = 100 * per_s(r) / ref.get(r["role"], math.nan)
+        # An interleaved phase's rate over the whole run mixes its windows: see ilv().
+        r["share"] = (math.nan if r["phase"].startswith("ilv-")
+                      else 100 * per_s(r) / ref.get(r["role"], math.nan))
     # With bracketing runs alone (BRACKET=1: refb* phases), each share is taken against the
     # mean of the nearest run alone of its workload before it and after it instead.
     is_ref = lambda r: r["phase"].startswith(("ref-", "ref2-", "refb")) and per_s(r) > 0
     if any(r["phase"].startswith("refb") for r in runs):
         for i, r in enumerate(runs):
-            if is_ref(r) or r["phase"].startswith(("ab", "slice", "ref2p")):
+            if is_ref(r) or r["phase"].startswith(("ab", "slice", "ref2p", "ilv-")):
                 continue
             before = [x for x in runs[:i] if is_ref(x) and x["role"] == r["role"]]
             after = [x for x in runs[i + 1:] if is_ref(x) and x["role"] == r["role"]]
@@ -121,9 +189,10 @@ def main():
         before = [p for p in twos if order.index(p) < i and sums[p] > 0]
         after = [p for p in twos if order.index(p) > i and sums[p] > 0]
         return [sums[p] for p in before[-1:] + after[:1]] if after else []
-    check("references alone, no fgpu (mean of the runs)", all(v > 0 for v in ref.values())
-          and bool(ref), ", ".join(f"{k} {fmt(v)}/s ({' / '.join(fmt(x) for x in alone[k])})"
-                                   for k, v in ref.items()), "measured")
+    if alone or not any(r["phase"].startswith("ilv-") for r in runs):
+        check("references alone, no fgpu (mean of the runs)", all(v > 0 for v in ref.values())
+              and bool(ref), ", ".join(f"{k} {fmt(v)}/s ({' / '.join(fmt(x) for x in alone[k])})"
+                                       for k, v in ref.items()), "measured")
 
     def shares(phase, wants, names):
         if phase not in ran:
@@ -203,6 +272,8 @@ def main():
                   "50 +- 5")
         else:
             check("kill: a new cnn process in the killed container", False, "no result", "50 +- 5")
+
+    ilv(runs, args.out, check)
 
     for role in ("decoder", "cnn"):
         if f"alone50-{role}" in ran:

@@ -19,6 +19,8 @@
 #              1000 empty-kernel cuLaunchKernel calls through ctypes + sync)
 #   s30 / s50  issue 6's matmul / graph pair; bareN / fullN: matmul without fgpu vs
 #              --compute 100 under agent + shim, interleaved
+# ILV="dec mp s25 s3": those mixes also interleaved with their workloads alone, window by
+# window on the same processes (ilv_phase below: shares free of the machine's drift);
 # ONLY="s25 dec ..." runs the references and just those phases; VARIANTS="ov:FGPU_COMPUTE_OVERLAP=1"
 # runs the chosen mixes again under an agent with those tuning overrides (phases MIX@ov);
 # TRACE=1 writes every worker's step times ($OUT/PHASE-TENANT-N.trace.json). PASS/FAIL lines and a table
@@ -222,6 +224,80 @@ kill_phase() {
   reap
 }
 
+# The interleaved phase (ILV="dec mp s25 s3"): the mix's workers run for the whole phase
+# while its windows rotate, each ILV_WIN s (default 3; the first ILV_SETTLE s, default 0.3,
+# of each are left out):
+#   mix        every tenant at its setting, all running (the share being measured)
+#   alone-T    tenant T alone, ungated (no setting: the shim's fast path), the others frozen
+#              (cgroup.freeze, like `docker pause`): its rate without fgpu, seconds from the
+#              mix windows beside it on the same processes and CPUs
+#   slice      every tenant ungated and running: the driver's own time-slicing
+# in the order mix, alone-a, slice, alone-b, [mix, alone-c,] ... for ILV_ROUNDS rotations
+# (default 3). The machine's speed drifts by 10-40% over minutes (docs/benchmarks.md); over
+# the seconds between two windows it does not, so each share is a mix window's rate against
+# the alone windows beside it. Windows in $OUT/ilv.txt ("PHASE KIND START END").
+ilv_phase() { # NAME "SETTINGS_A" "SETTINGS_B" "SETTINGS_C" TENANT:ROLE...
+  local name=$1 sa=$2 sb=$3 sc=$4; shift 4
+  local spec t role i win=${ILV_WIN:-3} rounds=${ILV_ROUNDS:-3} total n k
+  local -a specs=("$@") pids=() idx=() order=() ts=()
+  declare -A count=()
+  for spec in "${specs[@]}"; do
+    IFS=: read -r t role <<< "$spec"
+    [[ " ${ts[*]} " == *" $t "* ]] || ts+=("$t")
+  done
+  for _ in $(seq "$rounds"); do for t in "${ts[@]}"; do order+=(mix "alone-$t"); done; order+=(slice); done
+  n=${#order[@]}
+  total=$(awk -v n="$n" -v w="$win" 'BEGIN { printf "%d", n * w + 1.999 }')
+  echo "== ilv-$name: ${specs[*]} (${WARM} s warm-up, then $n windows of $win s: ${order[*]})"
+  limits "" "" ""
+  for spec in "${specs[@]}"; do
+    IFS=: read -r t role <<< "$spec"
+    count[$t]=$(( ${count[$t]:-0} + 1 ))
+    idx+=("${count[$t]}")
+    worker "ilv-$name" "$t" "${count[$t]}" "$role" fgpu "$total" "$WARM" "$WORK/ilv-$name.go"
+    pids+=($!)
+  done
+  for _ in $(seq 1200); do
+    k=0
+    for i in "${!specs[@]}"; do
+      [ -f "$WORK/ilv-$name.${specs[$i]%%:*}.${idx[$i]}.ready" ] && k=$((k + 1))
+    done
+    [ "$k" = "${#specs[@]}" ] && break
+    sleep 0.1
+  done
+  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/ilv-$name.go.tmp" && mv "$WORK/ilv-$name.go.tmp" "$WORK/ilv-$name.go"
+  echo "PHASE-START ilv-$name" >> "$OUT/agent.log"
+  echo "ilv-$name start $(cat "$WORK/ilv-$name.go")" >> "$OUT/phases.txt"
+  sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.5 }')"
+  local kind start
+  for kind in "${order[@]}"; do
+    case $kind in
+      mix) limits "$sa" "$sb" "$sc"; for t in "${ts[@]}"; do echo 0 > "$CG/fgpu-real-$t/cgroup.freeze"; done ;;
+      slice) limits "" "" ""; for t in "${ts[@]}"; do echo 0 > "$CG/fgpu-real-$t/cgroup.freeze"; done ;;
+      alone-*)
+        limits "" "" ""
+        for t in "${ts[@]}"; do
+          if [ "alone-$t" = "$kind" ]; then echo 0 > "$CG/fgpu-real-$t/cgroup.freeze"
+          else echo 1 > "$CG/fgpu-real-$t/cgroup.freeze"; fi
+        done ;;
+    esac
+    start=$(date +%s.%N)
+    sleep "$win"
+    echo "ilv-$name $kind $start $(date +%s.%N)" >> "$OUT/ilv.txt"
+    [ "$kind" = mix ] && [ ! -s "$OUT/status-ilv-$name.json" ] && fgpu status --json > "$OUT/status-ilv-$name.json" 2>&1
+  done
+  for t in "${ts[@]}"; do echo 0 > "$CG/fgpu-real-$t/cgroup.freeze"; done
+  limits "" "" ""
+  for i in "${!specs[@]}"; do
+    wait "${pids[$i]}"; k=$?
+    IFS=: read -r t role <<< "${specs[$i]}"
+    record "ilv-$name" "$t" "${idx[$i]}" "$role" fgpu "$k"
+  done
+  echo "PHASE-END ilv-$name" >> "$OUT/agent.log"
+  echo "ilv-$name end $(date +%s.%N)" >> "$OUT/phases.txt"
+  reap
+}
+
 # The toggle phase (TOGGLE_ROLES, default "cnn decoder"): one ROLE process alone under the
 # agent for 16 s while its container's setting flips every second between --compute 50
 # (gated; alone, its turn is re-granted at once) and none (the ungated fast path): the gate's
@@ -269,6 +345,7 @@ reap
 # The GPU's clocks and power through the run (per phase in the report).
 : > "$OUT/phases.txt"
 : > "$OUT/toggles.txt"
+: > "$OUT/ilv.txt"
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu \
   --format=csv,noheader,nounits -lms 200 > "$OUT/smi.csv" 2>/dev/null &
 smi_pid=$!
@@ -284,8 +361,11 @@ want() { [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $1 "* ]]; }
 if [ -n "${WARM_VM:-}" ]; then
   timeout 60 "$PY" -c "import numpy as np; a = np.ones(${WARM_VM} << 27); print('touched', a.nbytes >> 30, 'GiB')"
 fi
-phase ref-cnn a:cnn:bare
-phase ref-attn a:attn:bare
+# NO_REFS=1: no runs alone before and after (the interleaved mixes carry their own).
+if [ -z "${NO_REFS:-}" ]; then
+  phase ref-cnn a:cnn:bare
+  phase ref-attn a:attn:bare
+fi
 { want s3 || want s30 || want s50; } && phase ref-graph a:graph:bare
 { want dec || want alone50; } && phase ref-decoder a:decoder:bare
 { want s30 || want s50 || want full; } && phase ref-matmul a:matmul:bare
@@ -344,7 +424,21 @@ gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for
   if want s30; then limits "--compute 30" "--compute 70" ""; phase "s30$v" a:matmul:fgpu b:graph:fgpu; fi
   if want s50; then limits "--compute 50" "--compute 50" ""; phase "s50$v" a:matmul:fgpu b:graph:fgpu; fi
 }
+ilv_phases() { # SUFFIX MIX...: the interleaved mixes (phase names ilv-MIX then SUFFIX)
+  local v=$1 m; shift
+  for m in "$@"; do
+    case $m in
+      dec) ilv_phase "dec$v" "--compute 50" "--compute 50" "" a:decoder b:cnn ;;
+      mp) ilv_phase "mp$v" "--compute 50" "--compute 50" "" a:cnn a:cnn b:cnn ;;
+      s25) ilv_phase "s25$v" "--compute 25" "--compute 75" "" a:cnn b:attn ;;
+      s3) ilv_phase "s3$v" "--compute 20" "--compute 30" "--compute 50" a:cnn b:attn c:graph ;;
+      *) echo "WARN: ILV: no interleaved mix '$m' (dec mp s25 s3)" ;;
+    esac
+  done
+}
 gated_phases ""
+# shellcheck disable=SC2086
+ilv_phases "" ${ILV:-}
 if want toggle; then
   for r in ${TOGGLE_ROLES:-cnn decoder}; do toggle_phase "$r"; done
   # SHIM_VARIANTS="NAME:VAR=V,VAR=V ...": the toggle phases again with those variables in the
@@ -360,16 +454,21 @@ stop_agent
 # VARIANTS="NAME:VAR=V,VAR=V ...": the gated mixes again under an agent started with those
 # variables (the controller's tuning overrides, docs/compute.md), phases named MIX@NAME;
 # FGPU_GATE_* variables go to the gated workers instead (the shim's overrides).
-# VARIANT_ONLY="dec mp": the mixes a variant runs (default: ONLY's).
+# VARIANT_ONLY="dec mp": the mixes a variant runs (default: ONLY's); VARIANT_ONLY_NAME: the
+# mixes of variant NAME alone (e.g. a second sample of dec beside fill variants).
 MAIN_ONLY=${ONLY:-}
 for variant in ${VARIANTS:-}; do
-  ONLY=${VARIANT_ONLY:-$MAIN_ONLY}
+  vonly=VARIANT_ONLY_${variant%%:*}
+  ONLY=${!vonly:-${VARIANT_ONLY:-$MAIN_ONLY}}
   vars=$(echo "${variant#*:}" | tr ',' ' ')
   AGENT_ENV=$(for x in $vars; do case $x in FGPU_GATE_*) ;; *) echo "$x" ;; esac; done | xargs)
   SHIM_ENV=$(for x in $vars; do case $x in FGPU_GATE_*) echo "$x" ;; esac; done | xargs)
   echo "== variant ${variant%%:*}: agent with ${AGENT_ENV:-nothing}, gated workers with ${SHIM_ENV:-nothing}"
   start_agent
   gated_phases "@${variant%%:*}"
+  # VARIANT_ILV="dec": the interleaved mixes a variant runs (none by default).
+  # shellcheck disable=SC2086
+  ilv_phases "@${variant%%:*}" ${VARIANT_ILV:-}
   if want toggle; then for r in ${TOGGLE_ROLES:-cnn decoder}; do toggle_phase "$r" "@${variant%%:*}"; done; fi
   stop_agent
 done

@@ -46,7 +46,7 @@ pub const TICK: Duration = Duration::from_micros(500);
 /// The tick while no device is gated (an idle node costs 20 wake-ups a second).
 pub const IDLE_TICK: Duration = Duration::from_millis(50);
 /// A round of turns: a tenant's quantum is its weight's share of this.
-pub const ROUND_NS: i64 = 200_000_000;
+pub const ROUND_NS: i64 = 400_000_000;
 /// The shortest quantum.
 const MIN_QUANTUM_NS: i64 = 2_000_000;
 /// A cap's bucket holds at most the cap's share of this window.
