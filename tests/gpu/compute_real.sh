@@ -20,7 +20,8 @@
 #   s30 / s50  issue 6's matmul / graph pair; bareN / fullN: matmul without fgpu vs
 #              --compute 100 under agent + shim, interleaved
 # ILV="dec mp s25 s3": those mixes also interleaved with their workloads alone, window by
-# window on the same processes (ilv_phase below: shares free of the machine's drift);
+# window on the same processes (ilv_phase below: shares free of the machine's drift; with
+# NO_REFS=1 ONLY=none nothing else runs, e.g. NO_REFS=1 ONLY=none ILV="dec s3" ~2.5 min);
 # ONLY="s25 dec ..." runs the references and just those phases; VARIANTS="ov:FGPU_COMPUTE_OVERLAP=1"
 # runs the chosen mixes again under an agent with those tuning overrides (phases MIX@ov);
 # TRACE=1 writes every worker's step times ($OUT/PHASE-TENANT-N.trace.json). PASS/FAIL lines and a table
