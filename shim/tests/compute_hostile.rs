@@ -19,6 +19,11 @@ use common::tenants::{Moment, longest_stall, progress, rate_between, usage_of, w
 use fgpu_testkit::{Cgroup, mono_ns, privileged, unique};
 use std::time::Duration;
 
+/// How long a share is measured over after an event (from 500 ms after it): at 50 / 50 a
+/// quantum is 200 ms of a 400 ms round, and a window must hold enough turns that one turn
+/// more or less in it stays within the ±5 points asked (a 2 s window moved by ±5-8).
+const SHARE_WINDOW_MS: u64 = 4000;
+
 /// Re-executed as a client by `AgentWorld::client`; does nothing in a normal test run.
 #[test]
 fn client_entry() {
@@ -47,7 +52,7 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
     ] {
         let kill = sig == libc::SIGKILL;
         let what = format!("{} while {m:?}", if kill { "SIGKILL" } else { "SIGSTOP" });
-        let b_ms = if kill { 8000 } else { 4500 };
+        let b_ms = if kill { 11_000 } else { 4500 };
         let mut ts = vec![
             tenant(&w, "a", &["--compute", "50"], &[saturating(20_000)]),
             tenant(&w, "b", &["--compute", "50"], &[saturating(b_ms)]),
@@ -65,8 +70,8 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
         let mut a = ts.pop().unwrap();
         let mut newcomer = None;
         if kill {
-            // A new process in the killed container, next to b for 3 s.
-            let mut p = start(&w, &a.cg, &saturating(3000));
+            // A new process in the killed container, next to b for a share's window.
+            let mut p = start(&w, &a.cg, &saturating(SHARE_WINDOW_MS + 1000));
             p.release();
             newcomer = Some(p);
         }
@@ -90,7 +95,8 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
             assert_eq!(a2.code, Some(0), "the newcomer: {a2}\n{ctx}");
             let mine = 100.0 * rate(&a2) / alone;
             let a2_start = progress(&a2.lines).first().map_or(0, |s| s.0);
-            let theirs = 100.0 * rate_between(&p, a2_start + 500, a2_start + 2500) / alone;
+            let theirs =
+                100.0 * rate_between(&p, a2_start + 500, a2_start + 500 + SHARE_WINDOW_MS) / alone;
             println!(
                 "  a new process in the killed container: {mine:.1}%, b meanwhile {theirs:.1}%"
             );
@@ -135,8 +141,8 @@ fn privileged_a_frozen_or_stopped_tenant_never_stalls_the_others_and_comes_back(
             if freezer { "frozen" } else { "SIGSTOPped" }
         );
         let mut ts = vec![
-            tenant(&w, "a", &["--compute", "50"], &[saturating(8000)]),
-            tenant(&w, "b", &["--compute", "50"], &[saturating(8000)]),
+            tenant(&w, "a", &["--compute", "50"], &[saturating(10_000)]),
+            tenant(&w, "b", &["--compute", "50"], &[saturating(10_000)]),
         ];
         go(&mut ts);
         std::thread::sleep(Duration::from_millis(1500));
@@ -163,8 +169,9 @@ fn privileged_a_frozen_or_stopped_tenant_never_stalls_the_others_and_comes_back(
         assert_eq!(b.code, Some(0), "{ctx}");
         let (pa, pb) = (progress(&a.lines), progress(&b.lines));
         let stopped = 100.0 * rate_between(&pb, t_stop + 200, t_stop + 1200) / alone;
-        let back = 100.0 * rate_between(&pa, t_back + 500, t_back + 2500) / alone;
-        let next = 100.0 * rate_between(&pb, t_back + 500, t_back + 2500) / alone;
+        let window = (t_back + 500, t_back + 500 + SHARE_WINDOW_MS);
+        let back = 100.0 * rate_between(&pa, window.0, window.1) / alone;
+        let next = 100.0 * rate_between(&pb, window.0, window.1) / alone;
         println!("{what}: b {stopped:.1}% from 200 ms after; resumed: a {back:.1}%, b {next:.1}%");
         assert!(
             stopped >= 90.0,
@@ -193,9 +200,9 @@ fn privileged_a_two_process_container_keeps_its_share_when_one_is_killed() {
             &w,
             "two",
             &["--compute", "50"],
-            &[saturating(7000), saturating(7000)],
+            &[saturating(9000), saturating(9000)],
         ),
-        tenant(&w, "one", &["--compute", "50"], &[saturating(7000)]),
+        tenant(&w, "one", &["--compute", "50"], &[saturating(9000)]),
     ];
     go(&mut ts);
     std::thread::sleep(Duration::from_millis(1500));
@@ -218,8 +225,9 @@ fn privileged_a_two_process_container_keeps_its_share_when_one_is_killed() {
     assert_eq!(one.code, Some(0), "{ctx}");
     let (ps, po) = (progress(&survivor.lines), progress(&one.lines));
     let stall = longest_stall(&po, t_kill, t_kill + 2500);
-    let mine = 100.0 * rate_between(&ps, t_kill + 500, t_kill + 2500) / alone;
-    let theirs = 100.0 * rate_between(&po, t_kill + 500, t_kill + 2500) / alone;
+    let window = (t_kill + 500, t_kill + 500 + SHARE_WINDOW_MS);
+    let mine = 100.0 * rate_between(&ps, window.0, window.1) / alone;
+    let theirs = 100.0 * rate_between(&po, window.0, window.1) / alone;
     println!(
         "one of two processes SIGKILLed while holding: the survivor {mine:.1}%, the neighbour \
          {theirs:.1}% (longest stall {stall} ms)"
