@@ -97,17 +97,13 @@ fn privileged_three_tenants_at_20_30_50_get_their_shares() {
         .collect();
     let (results, _) = run_together(&w, &agent, &mut ts, 100);
     let shares: Vec<f64> = results.iter().map(|r| share(&r[0])).collect();
-    println!(
-        "20/30/50 over 10 s: {:.1}% / {:.1}% / {:.1}%, device busy {:.1}%",
-        shares[0],
-        shares[1],
-        shares[2],
-        shares.iter().sum::<f64>()
-    );
     let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
-    for (s, want) in shares.iter().zip([20.0, 30.0, 50.0]) {
-        assert!((s - want).abs() <= 3.0, "{s:.1} vs {want}: {ctx}");
-    }
+    let measured: Vec<Measured<'_>> = shares
+        .iter()
+        .zip([("k20", 20.0), ("k30", 30.0), ("k50", 50.0)])
+        .map(|(&got, (name, want))| Measured { name, got, want })
+        .collect();
+    assert_shares("20/30/50 over 10 s", &measured, 3.0, MIN_BUSY_PCT, &ctx);
 }
 
 /// A tenant with a 30 % share takes the time its 70 % neighbour leaves: 30 % while both

@@ -1,11 +1,13 @@
 //! What fgpu's privileged end-to-end tests share (a dev-dependency of the agent and shim
 //! tests): the root check, unique names, cgroups in the v2 hierarchy, entering a cgroup at
-//! exec, the host-wide monotonic clock, and a real agent process ([`agent`]).
+//! exec, the host-wide monotonic clock, a real agent process ([`agent`]) and the check of
+//! compute shares measured on the simulated device ([`shares`]).
 //!
 //! Tests named `privileged_*` need root. Without root they fail, unless
 //! `FGPU_SKIP_PRIVILEGED=1` asks to skip them (what `cargo xtask test --unprivileged` does).
 
 pub mod agent;
+pub mod shares;
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
