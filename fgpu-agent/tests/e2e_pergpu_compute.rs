@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use fgpu_testkit::shares::{MIN_BUSY_PCT, Measured, assert_shares};
+use fgpu_testkit::shares::{CpuMeter, Measured, assert_shares};
 use fgpu_testkit::{Cgroup, privileged, unique};
 
 const UUID1: &str = "GPU-5e1a0000-0000-0000-0000-000000000001";
@@ -60,6 +60,7 @@ fn privileged_per_gpu_compute_shares_gate_their_gpu_only() {
     let mut a1 = run(&a, &[&["hold", "device", "1"][..], &k].concat());
     let mut b1 = run(&b, &[&["hold", "device", "1"][..], &k].concat());
     let mut a0 = run(&a, &["hold", "launch-for", "3000", "sleep_1000us"]);
+    let cpu = CpuMeter::start();
     for l in [&mut a1, &mut b1, &mut a0] {
         l.release();
     }
@@ -87,7 +88,7 @@ fn privileged_per_gpu_compute_shares_gate_their_gpu_only() {
             },
         ],
         3.0,
-        MIN_BUSY_PCT,
+        &cpu,
         &ctx,
     );
     assert!(sa0 >= 95.0, "a on GPU 0 is not gated: {sa0:.1}\n{ctx}");

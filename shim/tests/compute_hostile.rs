@@ -9,13 +9,19 @@
 //!   tenant gets its share again — it banked nothing while it stood still;
 //! - a tenant forging its page to hold the device, or to bank device time and spend it later.
 //!
-//! Workloads and tenants: common/classes.rs (as in compute_classes.rs).
+//! Workloads and tenants: common/classes.rs (as in compute_classes.rs). A pair's shares after
+//! an event are checked as the work each did over the same window (`fgpu_testkit::shares`):
+//! each within ±5 points of its share of what the two did together, and the two together
+//! at least the busy floor (90% of one tenant alone, less half of any CPU the host stole).
 
 mod common;
 
 use common::agent::*;
 use common::classes::*;
-use common::tenants::{Moment, longest_stall, progress, rate_between, usage_of, wait_for};
+use common::tenants::{
+    CpuMeter, Measured, Moment, assert_shares, longest_stall, progress, rate_between, usage_of,
+    wait_for,
+};
 use fgpu_testkit::{Cgroup, mono_ns, privileged, unique};
 use std::time::Duration;
 
@@ -69,10 +75,12 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
         let mut b = ts.pop().unwrap();
         let mut a = ts.pop().unwrap();
         let mut newcomer = None;
+        let mut cpu = None;
         if kill {
             // A new process in the killed container, next to b for a share's window.
             let mut p = start(&w, &a.cg, &saturating(SHARE_WINDOW_MS + 1000));
             p.release();
+            cpu = Some(CpuMeter::start());
             newcomer = Some(p);
         }
         let a2 = newcomer.map(|p| p.finish());
@@ -100,14 +108,24 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
             println!(
                 "  a new process in the killed container: {mine:.1}%, b meanwhile {theirs:.1}%"
             );
-            within(
-                mine,
-                50.0,
+            assert_shares(
+                "  the newcomer in the killed container next to b",
+                &[
+                    Measured {
+                        name: "newcomer",
+                        got: mine,
+                        want: 50.0,
+                    },
+                    Measured {
+                        name: "b",
+                        got: theirs,
+                        want: 50.0,
+                    },
+                ],
                 5.0,
-                "the newcomer in the killed container",
+                cpu.as_ref().expect("started with the newcomer"),
                 &ctx,
             );
-            within(theirs, 50.0, 5.0, "b next to the newcomer", &ctx);
         }
         // Whatever is left of a (stopped, or the unshare of a killed one) goes with its
         // cgroup.
@@ -163,6 +181,7 @@ fn privileged_a_frozen_or_stopped_tenant_never_stalls_the_others_and_comes_back(
         std::thread::sleep(Duration::from_millis(1500));
         stop(false);
         let t_back = mono_ns() / 1_000_000;
+        let cpu = CpuMeter::start();
         let [a, b] = [0, 1].map(|i| ts[i].procs.pop().expect("process").finish());
         let ctx = format!("{what}\na: {a}\nb: {b}\nagent log:\n{}", agent.log_text());
         assert_eq!(a.code, Some(0), "{ctx}");
@@ -177,14 +196,30 @@ fn privileged_a_frozen_or_stopped_tenant_never_stalls_the_others_and_comes_back(
             stopped >= 90.0,
             "b not back at full speed: {stopped:.1}%\n{ctx}"
         );
-        within(back, 50.0, 5.0, "the resumed tenant", &ctx);
-        within(next, 50.0, 5.0, "b next to the resumed tenant", &ctx);
+        assert_shares(
+            &format!("  {what}, resumed"),
+            &[
+                Measured {
+                    name: "a",
+                    got: back,
+                    want: 50.0,
+                },
+                Measured {
+                    name: "b",
+                    got: next,
+                    want: 50.0,
+                },
+            ],
+            5.0,
+            &cpu,
+            &ctx,
+        );
     }
 }
 
 /// A container running two processes loses one to SIGKILL while it holds the turn with work
-/// in flight: the other process keeps the container's share (50 ± 5% of one process alone),
-/// the neighbour container keeps its own (50 ± 5) and is never held off the device for
+/// in flight: the other process keeps the container's share and the neighbour container its
+/// own (50 ± 5 of the work the two do, in units of one process alone), and it is never held off the device for
 /// 300 ms (the dead process's queued work and stamps go with its slot).
 #[test]
 fn privileged_a_two_process_container_keeps_its_share_when_one_is_killed() {
@@ -214,6 +249,7 @@ fn privileged_a_two_process_container_keeps_its_share_when_one_is_killed() {
     // SAFETY: signalling the test's own workload process.
     assert_eq!(unsafe { libc::kill(victim as i32, libc::SIGKILL) }, 0);
     let t_kill = mono_ns() / 1_000_000;
+    let cpu = CpuMeter::start();
     let one = ts.pop().unwrap().procs.pop().unwrap().finish();
     let mut two = ts.pop().unwrap();
     let survivor = two.procs.pop().unwrap().finish();
@@ -233,8 +269,24 @@ fn privileged_a_two_process_container_keeps_its_share_when_one_is_killed() {
          {theirs:.1}% (longest stall {stall} ms)"
     );
     assert!(stall < 300, "the neighbour stalled {stall} ms\n{ctx}");
-    within(mine, 50.0, 5.0, "the surviving process", &ctx);
-    within(theirs, 50.0, 5.0, "the neighbour", &ctx);
+    assert_shares(
+        "  after the kill",
+        &[
+            Measured {
+                name: "survivor",
+                got: mine,
+                want: 50.0,
+            },
+            Measured {
+                name: "neighbour",
+                got: theirs,
+                want: 50.0,
+            },
+        ],
+        5.0,
+        &cpu,
+        &ctx,
+    );
     two.cg.kill();
     two.procs.clear();
 }

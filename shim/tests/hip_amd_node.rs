@@ -12,7 +12,7 @@ mod common;
 use common::agent::*;
 use common::{MIB, field};
 use fgpu_testkit::agent::{AgentPaths, SimAgent};
-use fgpu_testkit::shares::{MIN_BUSY_PCT, Measured, assert_shares};
+use fgpu_testkit::shares::{CpuMeter, Measured, assert_shares};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 
@@ -128,6 +128,7 @@ fn privileged_an_agent_without_nvml_knows_amd_gpus_by_rocm_uuid_and_its_limits_b
     };
     let (_c30, mut t30) = tenant("c30", "30");
     let (_c70, mut t70) = tenant("c70", "70");
+    let cpu = CpuMeter::start();
     t30.release();
     t70.release();
     std::thread::sleep(std::time::Duration::from_millis(2500));
@@ -160,7 +161,7 @@ fn privileged_an_agent_without_nvml_knows_amd_gpus_by_rocm_uuid_and_its_limits_b
             },
         ],
         4.0,
-        MIN_BUSY_PCT,
+        &cpu,
         &ctx,
     );
     // The metrics name the device by ROCm's UUID: the memory held on it, and the turn

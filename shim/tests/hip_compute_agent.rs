@@ -68,6 +68,7 @@ fn privileged_a_hip_and_a_cuda_tenant_at_50_50_share_one_device() {
         tenant(&w, &hip, "hip50", &["--compute", "50"], &work),
         tenant(&w, &load, "cuda50", &["--compute", "50"], &work),
     ];
+    let cpu = CpuMeter::start();
     let (results, _) = run_together(&w, &agent, &mut ts, 100);
     let shares: Vec<f64> = results.iter().map(|r| share(&r[0])).collect();
     let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
@@ -86,7 +87,7 @@ fn privileged_a_hip_and_a_cuda_tenant_at_50_50_share_one_device() {
             },
         ],
         3.0,
-        MIN_BUSY_PCT,
+        &cpu,
         &ctx,
     );
 }
@@ -194,6 +195,7 @@ fn privileged_a_killed_hip_tenant_never_stalls_its_cuda_neighbour() {
         let mut newcomer = hip(&a, "5000");
         newcomer.release();
         let t_new = mono_ns() / 1_000_000;
+        let cpu = CpuMeter::start();
         let nf = newcomer.finish();
         let bf = nb.finish();
         let ctx = format!(
@@ -234,7 +236,7 @@ fn privileged_a_killed_hip_tenant_never_stalls_its_cuda_neighbour() {
                 },
             ],
             5.0,
-            MIN_BUSY_PCT,
+            &cpu,
             &ctx,
         );
         a.kill();

@@ -6,7 +6,8 @@
 //!   total, scaled to the sum of their shares) within a tolerance of its share — what the
 //!   controller decides, and what a neighbour can take from you;
 //! - **work conservation**: the tenants together keep the device at least [`MIN_BUSY_PCT`]
-//!   busy — what the switches cost.
+//!   busy — what the switches cost — less half the CPU time the host stole from this machine
+//!   during the run ([`busy_floor`], [`CpuMeter`]; the report prints it).
 //!
 //! Asserting raw rates alone (each within ±3 of its share of wall time) mixes the two: on a
 //! 2-core CI machine whose host steals CPU, the simulated tenants' launch threads lose a few
@@ -16,8 +17,58 @@
 
 use std::fmt::Write as _;
 
-/// The least the tenants together must keep the device busy (percent of wall time).
+/// The least the tenants together must keep the device busy (percent of wall time) on a
+/// machine whose host takes no CPU from it ([`busy_floor`]).
 pub const MIN_BUSY_PCT: f64 = 90.0;
+
+/// The floor on device busy for a run during which the host stole `stolen_pct` percent of
+/// this machine's CPU time ([`CpuMeter`]): [`MIN_BUSY_PCT`] less half of it.
+///
+/// A simulated tenant keeps its device busy only while its launch thread runs: under the
+/// controller's 4 ms queue bound, a vCPU taken away for longer leaves the device idle, and
+/// no scheduler can give that time back. Measured on the 2-vCPU CI-class VM (debug build,
+/// HIP 30/70): 97-98% busy with no steal, 89.4-93.3% while the host stole 16-19%. Half the
+/// steal covers that with a margin, and a controller that wastes a tenth of the device
+/// still fails on any machine that steals less than a fifth of its CPU.
+pub fn busy_floor(stolen_pct: f64) -> f64 {
+    MIN_BUSY_PCT - stolen_pct.max(0.0) / 2.0
+}
+
+/// The share of this machine's CPU time its host stole (`steal` in /proc/stat) since
+/// [`CpuMeter::start`].
+pub struct CpuMeter {
+    at: Option<(u64, u64)>,
+}
+
+/// (steal, total) jiffies from /proc/stat's `cpu` line, if readable.
+fn cpu_times() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    // user nice system idle iowait irq softirq steal [guest guest_nice: inside user]
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    (v.len() == 8).then(|| (v[7], v.iter().sum()))
+}
+
+impl CpuMeter {
+    pub fn start() -> CpuMeter {
+        CpuMeter { at: cpu_times() }
+    }
+
+    /// Percent of all CPU time (every CPU, idle included) stolen since the start; 0 where
+    /// /proc/stat cannot be read.
+    pub fn stolen_pct(&self) -> f64 {
+        match (self.at, cpu_times()) {
+            (Some((s0, t0)), Some((s1, t1))) if t1 > t0 => {
+                100.0 * s1.saturating_sub(s0) as f64 / (t1 - t0) as f64
+            }
+            _ => 0.0,
+        }
+    }
+}
 
 /// One tenant's measured rate and share, percent of the device.
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +94,7 @@ pub fn check(label: &str, tenants: &[Measured<'_>], tol: f64, min_total: f64) ->
     let wanted: f64 = tenants.iter().map(|t| t.want).sum();
     let mut ok = total >= min_total && total > 0.0;
     let mut report = format!(
-        "{label}: device busy {total:.1}% (want ≥ {min_total}); split of the work done (want ± {tol}):"
+        "{label}: device busy {total:.1}% (want ≥ {min_total:.1}); split of the work done (want ± {tol}):"
     );
     for t in tenants {
         let part = if total > 0.0 {
@@ -68,16 +119,19 @@ pub fn check(label: &str, tenants: &[Measured<'_>], tol: f64, min_total: f64) ->
     Verdict { ok, report }
 }
 
-/// [`check`], panicking with the report and `ctx` (the agent's log, the raw lines) on a miss;
-/// prints the report either way and returns it.
+/// [`check`] with the device-busy floor of the run `cpu` measured ([`busy_floor`]),
+/// panicking with the report and `ctx` (the agent's log, the raw lines) on a miss; prints
+/// the report either way and returns it.
 pub fn assert_shares(
     label: &str,
     tenants: &[Measured<'_>],
     tol: f64,
-    min_total: f64,
+    cpu: &CpuMeter,
     ctx: &str,
 ) -> String {
-    let v = check(label, tenants, tol, min_total);
+    let stolen = cpu.stolen_pct();
+    let mut v = check(label, tenants, tol, busy_floor(stolen));
+    let _ = write!(v.report, " [host stole {stolen:.1}% of the CPU meanwhile]");
     println!("{}", v.report);
     assert!(v.ok, "{}\n{ctx}", v.report);
     v.report
@@ -160,6 +214,22 @@ mod tests {
             90.0,
         );
         assert!(!v.ok, "{}", v.report);
+    }
+
+    #[test]
+    fn the_busy_floor_gives_back_half_of_what_the_host_stole() {
+        assert_eq!(busy_floor(0.0), 90.0);
+        assert_eq!(busy_floor(19.0), 80.5);
+        assert_eq!(busy_floor(-1.0), 90.0);
+    }
+
+    #[test]
+    fn the_cpu_meter_reads_proc_stat() {
+        let (steal, total) = cpu_times().expect("/proc/stat's cpu line");
+        assert!(total > 0 && steal <= total);
+        let m = CpuMeter::start();
+        let p = m.stolen_pct();
+        assert!((0.0..=100.0).contains(&p), "{p}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use super::agent::{Agent, AgentWorld, Cgroup, Proc, mono_ns, unique};
 use super::field;
 use fgpu_common::ledger::{Ledger, MAX_DEVICES};
-pub use fgpu_testkit::shares::{MIN_BUSY_PCT, Measured, assert_shares};
+pub use fgpu_testkit::shares::{CpuMeter, Measured, assert_shares};
 use std::cell::Cell;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
@@ -142,6 +142,7 @@ pub fn run_together(
 /// done, the device ≥ 90% busy (`fgpu_testkit::shares`), and `fgpu status` showing the 30% one's setting and an achieved share within
 /// ±5. `label` names the pair in the printed figures.
 pub fn expect_30_70(label: &str, w: &AgentWorld, agent: &Agent, ts: &mut [Tenant]) {
+    let cpu = CpuMeter::start();
     let (results, status) = run_together(w, agent, ts, 6000);
     let shares: Vec<f64> = results.iter().map(|r| share(&r[0])).collect();
     let ctx = format!("{results:#?}\nagent log:\n{}", agent.log_text());
@@ -160,7 +161,7 @@ pub fn expect_30_70(label: &str, w: &AgentWorld, agent: &Agent, ts: &mut [Tenant
             },
         ],
         3.0,
-        MIN_BUSY_PCT,
+        &cpu,
         &ctx,
     );
     let (cfg, used) = status_compute(&status, &ts[0].cg.path);
