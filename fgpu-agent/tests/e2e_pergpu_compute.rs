@@ -75,18 +75,7 @@ fn privileged_per_gpu_compute_shares_gate_their_gpu_only() {
     let ctx = format!("{ra1}\n{rb1}\n{ra0}\nagent log:\n{}", agent.log_text());
     assert_shares(
         "GPU 1 at 30/70",
-        &[
-            Measured {
-                name: "a",
-                got: sa1,
-                want: 30.0,
-            },
-            Measured {
-                name: "b",
-                got: sb1,
-                want: 70.0,
-            },
-        ],
+        &[Measured::new("a", sa1, 30.0), Measured::new("b", sb1, 70.0)],
         3.0,
         &cpu,
         &ctx,

@@ -111,16 +111,8 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
             assert_shares(
                 "  the newcomer in the killed container next to b",
                 &[
-                    Measured {
-                        name: "newcomer",
-                        got: mine,
-                        want: 50.0,
-                    },
-                    Measured {
-                        name: "b",
-                        got: theirs,
-                        want: 50.0,
-                    },
+                    Measured::new("newcomer", mine, 50.0),
+                    Measured::new("b", theirs, 50.0),
                 ],
                 5.0,
                 cpu.as_ref().expect("started with the newcomer"),
@@ -199,16 +191,8 @@ fn privileged_a_frozen_or_stopped_tenant_never_stalls_the_others_and_comes_back(
         assert_shares(
             &format!("  {what}, resumed"),
             &[
-                Measured {
-                    name: "a",
-                    got: back,
-                    want: 50.0,
-                },
-                Measured {
-                    name: "b",
-                    got: next,
-                    want: 50.0,
-                },
+                Measured::new("a", back, 50.0),
+                Measured::new("b", next, 50.0),
             ],
             5.0,
             &cpu,
@@ -272,16 +256,8 @@ fn privileged_a_two_process_container_keeps_its_share_when_one_is_killed() {
     assert_shares(
         "  after the kill",
         &[
-            Measured {
-                name: "survivor",
-                got: mine,
-                want: 50.0,
-            },
-            Measured {
-                name: "neighbour",
-                got: theirs,
-                want: 50.0,
-            },
+            Measured::new("survivor", mine, 50.0),
+            Measured::new("neighbour", theirs, 50.0),
         ],
         5.0,
         &cpu,

@@ -149,16 +149,8 @@ fn privileged_an_agent_without_nvml_knows_amd_gpus_by_rocm_uuid_and_its_limits_b
     assert_shares(
         "AMD node (no NVML): HIP tenants at 30/70",
         &[
-            Measured {
-                name: "c30",
-                got: s30,
-                want: 30.0,
-            },
-            Measured {
-                name: "c70",
-                got: s70,
-                want: 70.0,
-            },
+            Measured::new("c30", s30, 30.0),
+            Measured::new("c70", s70, 70.0),
         ],
         4.0,
         &cpu,

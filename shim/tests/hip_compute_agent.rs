@@ -75,16 +75,8 @@ fn privileged_a_hip_and_a_cuda_tenant_at_50_50_share_one_device() {
     assert_shares(
         "HIP / CUDA 50/50 over 10 s",
         &[
-            Measured {
-                name: "HIP",
-                got: shares[0],
-                want: 50.0,
-            },
-            Measured {
-                name: "CUDA",
-                got: shares[1],
-                want: 50.0,
-            },
+            Measured::new("HIP", shares[0], 50.0),
+            Measured::new("CUDA", shares[1], 50.0),
         ],
         3.0,
         &cpu,
@@ -224,16 +216,8 @@ fn privileged_a_killed_hip_tenant_never_stalls_its_cuda_neighbour() {
         assert_shares(
             &format!("  then a new HIP process in the killed container next to it ({m:?})"),
             &[
-                Measured {
-                    name: "newcomer",
-                    got: mine,
-                    want: 50.0,
-                },
-                Measured {
-                    name: "neighbour",
-                    got: theirs,
-                    want: 50.0,
-                },
+                Measured::new("newcomer", mine, 50.0),
+                Measured::new("neighbour", theirs, 50.0),
             ],
             5.0,
             &cpu,

@@ -80,6 +80,12 @@ pub struct Measured<'a> {
     pub want: f64,
 }
 
+impl<'a> Measured<'a> {
+    pub fn new(name: &'a str, got: f64, want: f64) -> Measured<'a> {
+        Measured { name, got, want }
+    }
+}
+
 /// What [`check`] found: a printable table in either case.
 #[derive(Debug, Clone)]
 pub struct Verdict {
@@ -142,7 +148,7 @@ mod tests {
     use super::*;
 
     fn m(name: &str, got: f64, want: f64) -> Measured<'_> {
-        Measured { name, got, want }
+        Measured::new(name, got, want)
     }
 
     #[test]

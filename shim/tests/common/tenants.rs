@@ -149,16 +149,8 @@ pub fn expect_30_70(label: &str, w: &AgentWorld, agent: &Agent, ts: &mut [Tenant
     assert_shares(
         &format!("{label}30/70 over 10 s"),
         &[
-            Measured {
-                name: "graphs",
-                got: shares[0],
-                want: 30.0,
-            },
-            Measured {
-                name: "kernels",
-                got: shares[1],
-                want: 70.0,
-            },
+            Measured::new("graphs", shares[0], 30.0),
+            Measured::new("kernels", shares[1], 70.0),
         ],
         3.0,
         &cpu,
