@@ -70,11 +70,12 @@ impl CpuMeter {
     }
 }
 
-/// One tenant's measured rate and share, percent of the device.
+/// One tenant's measured rate and share: percent of the device's wall time its work took, or
+/// percent of its own rate alone (a share of work).
 #[derive(Debug, Clone, Copy)]
 pub struct Measured<'a> {
     pub name: &'a str,
-    /// Its rate: percent of the device's wall time its work took.
+    /// Its rate, percent (of the device's time, or of its rate alone).
     pub got: f64,
     /// Its share (percent).
     pub want: f64,
@@ -100,7 +101,7 @@ pub fn check(label: &str, tenants: &[Measured<'_>], tol: f64, min_total: f64) ->
     let wanted: f64 = tenants.iter().map(|t| t.want).sum();
     let mut ok = total >= min_total && total > 0.0;
     let mut report = format!(
-        "{label}: device busy {total:.1}% (want ≥ {min_total:.1}); split of the work done (want ± {tol}):"
+        "{label}: together {total:.1}% (want ≥ {min_total:.1}); split of the work done (want ± {tol}):"
     );
     for t in tenants {
         let part = if total > 0.0 {
@@ -112,7 +113,7 @@ pub fn check(label: &str, tenants: &[Measured<'_>], tol: f64, min_total: f64) ->
         ok &= good;
         let _ = write!(
             report,
-            " {} {:.1}% of the device = {part:.1} of {} (want {}){}",
+            " {} {:.1}% = {part:.1} of {} (want {}){}",
             t.name,
             t.got,
             wanted,
@@ -161,11 +162,7 @@ mod tests {
             90.0,
         );
         assert!(v.ok, "{}", v.report);
-        assert!(
-            v.report.contains("a 28.0% of the device = 30.0 of 100"),
-            "{}",
-            v.report
-        );
+        assert!(v.report.contains("a 28.0% = 30.0 of 100"), "{}", v.report);
     }
 
     #[test]
@@ -178,8 +175,7 @@ mod tests {
         );
         assert!(!v.ok);
         assert!(
-            v.report
-                .contains("a 56.0% of the device = 56.6 of 100 (want 50) MISSED"),
+            v.report.contains("a 56.0% = 56.6 of 100 (want 50) MISSED"),
             "{}",
             v.report
         );
@@ -195,7 +191,7 @@ mod tests {
             90.0,
         );
         assert!(!v.ok);
-        assert!(v.report.contains("device busy 88.0%"), "{}", v.report);
+        assert!(v.report.contains("together 88.0%"), "{}", v.report);
         assert!(
             !v.report.contains("MISSED"),
             "the split itself was fair: {}",
