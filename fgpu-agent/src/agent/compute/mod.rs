@@ -30,6 +30,7 @@
 
 mod switches;
 mod tenant;
+mod tuning;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
@@ -40,6 +41,7 @@ use fgpu_common::ledger::compute::{TURN_CLOSED, TURN_CORUN, TURN_OPEN};
 use fgpu_common::ledger::{DeviceTurn, MAX_DEVICES};
 
 use self::tenant::{Held, Mode, Tenant, gated};
+use self::tuning::Tuning;
 use super::ledgers::{CgroupLedger, Ledgers};
 
 pub const TICK: Duration = Duration::from_micros(500);
@@ -183,64 +185,6 @@ pub struct Controller {
     last_sample: u64,
     last_log: u64,
     tuning: Tuning,
-}
-
-/// The model's constants, overridable from the environment for experiments (the agent logs
-/// every override at start): `FGPU_COMPUTE_LIGHT_DUTY` (0-1), `FGPU_COMPUTE_ROUND_MS`,
-/// `FGPU_COMPUTE_QUEUE_US`, `FGPU_COMPUTE_OVERLAP` (0/1: open the next turn while the
-/// previous holder drains), `FGPU_COMPUTE_QUEUE_SCALE` (0/1: scale the queue bound by the
-/// container's active processes, [`Tenant::queue_bound`]).
-#[derive(Debug, Clone, Copy)]
-struct Tuning {
-    light_duty: f64,
-    round_ns: i64,
-    queue_ns: u64,
-    overlap: bool,
-    queue_scale: bool,
-}
-
-impl Default for Tuning {
-    fn default() -> Tuning {
-        Tuning {
-            light_duty: LIGHT_DUTY,
-            round_ns: ROUND_NS,
-            queue_ns: QUEUE_NS,
-            overlap: false,
-            queue_scale: true,
-        }
-    }
-}
-
-impl Tuning {
-    fn from_env() -> Tuning {
-        fn var<T: std::str::FromStr>(name: &str, ok: impl Fn(&T) -> bool) -> Option<T> {
-            let v = std::env::var(name).ok()?;
-            match v.parse::<T>() {
-                Ok(x) if ok(&x) => {
-                    tracing::info!(name, value = %v, "compute controller: tuning override");
-                    Some(x)
-                }
-                _ => {
-                    tracing::warn!(name, value = %v, "compute controller: bad tuning override ignored");
-                    None
-                }
-            }
-        }
-        let d = Tuning::default();
-        Tuning {
-            light_duty: var("FGPU_COMPUTE_LIGHT_DUTY", |x: &f64| (0.0..=1.0).contains(x))
-                .unwrap_or(d.light_duty),
-            round_ns: var("FGPU_COMPUTE_ROUND_MS", |x: &i64| (10..=2000).contains(x))
-                .map_or(d.round_ns, |ms| ms * 1_000_000),
-            queue_ns: var("FGPU_COMPUTE_QUEUE_US", |x: &u64| {
-                (100..=50_000).contains(x)
-            })
-            .map_or(d.queue_ns, |us| us * 1000),
-            overlap: var("FGPU_COMPUTE_OVERLAP", |x: &u8| *x <= 1).map_or(d.overlap, |x| x == 1),
-            queue_scale: var("FGPU_COMPUTE_QUEUE_SCALE", |x: &u8| *x <= 1)
-                .map_or(d.queue_scale, |x| x == 1),
-        }
-    }
 }
 
 impl Controller {

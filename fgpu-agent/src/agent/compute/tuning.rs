@@ -1,0 +1,135 @@
+//! The compute model's constants that an experiment may override from the agent's
+//! environment (docs/compute.md): every override is logged at start, a bad one is ignored
+//! with a warning.
+
+use super::{LIGHT_DUTY, QUEUE_NS, ROUND_NS};
+
+/// The model's constants, overridable from the environment for experiments (the agent logs
+/// every override at start): `FGPU_COMPUTE_LIGHT_DUTY` (0-1), `FGPU_COMPUTE_ROUND_MS`
+/// (10-2000), `FGPU_COMPUTE_QUEUE_US` (100-50000), `FGPU_COMPUTE_OVERLAP` (0/1: open the
+/// next turn while the previous holder drains), `FGPU_COMPUTE_QUEUE_SCALE` (0/1: scale the
+/// queue bound by the container's active processes, `Tenant::queue_bound`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Tuning {
+    pub(super) light_duty: f64,
+    pub(super) round_ns: i64,
+    pub(super) queue_ns: u64,
+    pub(super) overlap: bool,
+    pub(super) queue_scale: bool,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        Tuning {
+            light_duty: LIGHT_DUTY,
+            round_ns: ROUND_NS,
+            queue_ns: QUEUE_NS,
+            overlap: false,
+            queue_scale: true,
+        }
+    }
+}
+
+impl Tuning {
+    /// The defaults with the agent's environment's overrides.
+    pub(super) fn from_env() -> Tuning {
+        Tuning::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// The defaults with the overrides `lookup` gives by variable name.
+    fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Tuning {
+        fn parse<T: std::str::FromStr>(
+            name: &str,
+            v: Option<String>,
+            ok: impl Fn(&T) -> bool,
+        ) -> Option<T> {
+            let v = v?;
+            match v.parse::<T>() {
+                Ok(x) if ok(&x) => {
+                    tracing::info!(name, value = %v, "compute controller: tuning override");
+                    Some(x)
+                }
+                _ => {
+                    tracing::warn!(name, value = %v, "compute controller: bad tuning override ignored");
+                    None
+                }
+            }
+        }
+        let d = Tuning::default();
+        let flag = |name: &str, default: bool| {
+            parse(name, lookup(name), |x: &u8| *x <= 1).map_or(default, |x| x == 1)
+        };
+        Tuning {
+            light_duty: parse(
+                "FGPU_COMPUTE_LIGHT_DUTY",
+                lookup("FGPU_COMPUTE_LIGHT_DUTY"),
+                |x: &f64| (0.0..=1.0).contains(x),
+            )
+            .unwrap_or(d.light_duty),
+            round_ns: parse(
+                "FGPU_COMPUTE_ROUND_MS",
+                lookup("FGPU_COMPUTE_ROUND_MS"),
+                |x: &i64| (10..=2000).contains(x),
+            )
+            .map_or(d.round_ns, |ms| ms * 1_000_000),
+            queue_ns: parse(
+                "FGPU_COMPUTE_QUEUE_US",
+                lookup("FGPU_COMPUTE_QUEUE_US"),
+                |x: &u64| (100..=50_000).contains(x),
+            )
+            .map_or(d.queue_ns, |us| us * 1000),
+            overlap: flag("FGPU_COMPUTE_OVERLAP", d.overlap),
+            queue_scale: flag("FGPU_COMPUTE_QUEUE_SCALE", d.queue_scale),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(vars: &[(&str, &str)]) -> Tuning {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Tuning::from_lookup(|name| m.get(name).cloned())
+    }
+
+    #[test]
+    fn no_overrides_are_the_documented_defaults() {
+        let t = with(&[]);
+        assert_eq!(t, Tuning::default());
+        assert_eq!(t.round_ns, 400_000_000);
+        assert_eq!(t.queue_ns, 4_000_000);
+        assert!(!t.overlap && t.queue_scale);
+    }
+
+    #[test]
+    fn good_overrides_apply_in_their_units() {
+        let t = with(&[
+            ("FGPU_COMPUTE_ROUND_MS", "600"),
+            ("FGPU_COMPUTE_QUEUE_US", "1000"),
+            ("FGPU_COMPUTE_LIGHT_DUTY", "0.5"),
+            ("FGPU_COMPUTE_OVERLAP", "1"),
+            ("FGPU_COMPUTE_QUEUE_SCALE", "0"),
+        ]);
+        assert_eq!(t.round_ns, 600_000_000);
+        assert_eq!(t.queue_ns, 1_000_000);
+        assert_eq!(t.light_duty, 0.5);
+        assert!(t.overlap && !t.queue_scale);
+    }
+
+    #[test]
+    fn bad_overrides_leave_the_defaults() {
+        let t = with(&[
+            ("FGPU_COMPUTE_ROUND_MS", "5"),     // under 10 ms
+            ("FGPU_COMPUTE_QUEUE_US", "ten"),   // not a number
+            ("FGPU_COMPUTE_LIGHT_DUTY", "1.5"), // over 1
+            ("FGPU_COMPUTE_OVERLAP", "2"),      // not 0/1
+            ("FGPU_COMPUTE_QUEUE_SCALE", "-1"), // not 0/1
+        ]);
+        assert_eq!(t, Tuning::default());
+    }
+}
