@@ -1,49 +1,17 @@
-//! The shim's side of the agent connection (contract: `fgpu_common::proto::shim`).
-//!
-//! - At the first need of the ledger the shim connects to `$FGPU_SOCKET` (default
-//!   `/run/fgpu/fgpu.sock`), sends `Hello` and receives `LedgerReply` with two memfds:
-//!   `limits` (one page, sealed against writes: mapped `PROT_READ`) and `usage` (the usage page
-//!   and the slots, shared read-write). They are mapped contiguously into one reserved
-//!   region, so that together they form one [`Ledger`]. The connection stays open
-//!   (close-on-exec) so that the shim can notice the agent going away.
-//! - Agent gone: the mappings outlive it, the shim keeps enforcing the last ledger it had. On
-//!   the allocation slow path ([`tick`], at most every 100 ms) a dead connection is noticed
-//!   (`poll`, non-blocking) and a reconnect tried: `Hello` with `HELLO_HAS_USAGE_FD` and the
-//!   usage memfd attached. Same usage inode back: the limits page is replaced in place
-//!   (`MAP_FIXED`, an atomic page swap). Another one: charges move over
-//!   ([`crate::ledger_file::migrate`]).
-//!
-//! Everything here runs on slow paths only (first use, reconnects); it may allocate and block
-//! for at most [`HELLO_TIMEOUT_MS`].
+//! Reaching the agent: connect to its socket, send `Hello` (with the usage memfd attached on
+//! a reconnect), receive `LedgerReply` and its two descriptors, all within
+//! [`HELLO_TIMEOUT_MS`]. Everything the agent sends is checked (kind, size, version, the
+//! number of descriptors) before it is used. And, later, whether the agent closed the
+//! connection ([`dead`]).
 
-use crate::config;
-use crate::ledger_file::{self, now_ms};
-use crate::log::{debug, error, info, warning};
+use crate::ledger_file::now_ms;
 
 use fgpu_common::proto::{self, Kind, shim};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering::SeqCst};
 
 /// How long one connect + Hello + reply may take.
 pub const HELLO_TIMEOUT_MS: u64 = 1000;
-/// `FGPU_AGENT=required`: how long the shim keeps trying at start.
-pub const REQUIRED_WAIT_MS: u64 = 10_000;
-/// Dead-connection checks and reconnect attempts: at most this often.
-pub const CHECK_EVERY_MS: u64 = 100;
 /// Largest `LedgerReply` payload accepted (version + a cgroup path).
 const MAX_REPLY: usize = 64 << 10;
-
-/// No agent link and none wanted (standalone, inert, or an agent-less fork child).
-const OFF: u8 = 0;
-/// Connected; `CONN` is the socket.
-const UP: u8 = 1;
-/// The agent went away (or never came, with `FGPU_AGENT=required`): reconnect when due.
-const DOWN: u8 = 2;
-
-static LINK: AtomicU8 = AtomicU8::new(OFF);
-static CONN: AtomicI32 = AtomicI32::new(-1);
-static LAST_CHECK_MS: AtomicU64 = AtomicU64::new(0);
-static BUSY: AtomicBool = AtomicBool::new(false);
-static LOST_WARNED: AtomicBool = AtomicBool::new(false);
 
 /// An owned descriptor, closed on drop.
 pub struct Fd(pub i32);
@@ -99,7 +67,7 @@ fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-fn os_err() -> String {
+pub(super) fn os_err() -> String {
     std::io::Error::last_os_error().to_string()
 }
 
@@ -384,86 +352,8 @@ pub fn hello(path: &str, usage: Option<i32>) -> Result<Reply, HelloError> {
     })
 }
 
-fn stat(fd: i32) -> Option<libc::stat> {
-    // SAFETY: stat is plain data; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out-pointer.
-    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st)
-}
-
-/// Whether two descriptors refer to the same file.
-pub fn same_file(a: i32, b: i32) -> bool {
-    match (stat(a), stat(b)) {
-        (Some(x), Some(y)) => x.st_dev == y.st_dev && x.st_ino == y.st_ino,
-        _ => false,
-    }
-}
-
-/// Maps `limits` (read-only) and `usage` (read-write) contiguously as one ledger; returns its
-/// address after checking seals, sizes, magic, version and layout.
-pub fn map_ledger(limits: i32, usage: i32) -> Result<usize, String> {
-    fgpu_ledger::map_shim(limits, usage).map_err(|e| e.to_string())
-}
-
-/// Replaces the limits page of the ledger at `base` with `limits` (validated first).
-fn replace_limits(base: usize, limits: i32, usage: i32) -> Result<(), String> {
-    fgpu_ledger::remap_limits(base, limits, usage).map_err(|e| e.to_string())
-}
-
-/// First contact (from [`crate::ledger_file`]): the agent's ledger, mapped, and our own open
-/// file description of the usage memfd, or why not. `FGPU_AGENT=required` retries for up to
-/// [`REQUIRED_WAIT_MS`].
-pub fn first_contact() -> Result<(usize, i32, String), HelloError> {
-    let cfg = config::get();
-    let start = now_ms();
-    let mut tries = 0u32;
-    let reply = loop {
-        tries += 1;
-        match hello(&cfg.socket, None) {
-            Ok(r) => break r,
-            Err(HelloError::NoAgent(e))
-                if cfg.agent_required && now_ms().saturating_sub(start) < REQUIRED_WAIT_MS =>
-            {
-                if tries == 1 {
-                    info!(
-                        "no fgpu agent at {} yet ({e}): waiting up to 10 s",
-                        cfg.socket
-                    );
-                }
-                // SAFETY: plain sleep.
-                unsafe { libc::usleep(100_000) };
-            }
-            Err(e) => return Err(e),
-        }
-    };
-    adopt_first(reply)
-}
-
-fn adopt_first(reply: Reply) -> Result<(usize, i32, String), HelloError> {
-    let base = map_ledger(reply.limits.0, reply.usage.0).map_err(HelloError::Bad)?;
-    // Our own open file description: the one that came over the socket is shared with the
-    // agent and every other shim of the cgroup, and slot locks belong to descriptions.
-    let own = ledger_file::reopen_own(reply.usage.0);
-    if own < 0 {
-        fgpu_ledger::unmap_shim(base);
-        return Err(HelloError::Bad(format!(
-            "cannot reopen the usage memfd through /proc/self/fd ({}): is /proc mounted?",
-            os_err()
-        )));
-    }
-    CONN.store(reply.conn.into_raw(), SeqCst);
-    LINK.store(UP, SeqCst);
-    LAST_CHECK_MS.store(now_ms(), SeqCst);
-    Ok((base, own, reply.cgroup))
-}
-
-/// `FGPU_AGENT=required` and no agent: keep trying to reach it on the slow path.
-pub fn want_reconnect() {
-    LINK.store(DOWN, SeqCst);
-}
-
 /// Whether the connection is closed by the agent (non-blocking).
-fn dead(fd: i32) -> bool {
+pub(super) fn dead(fd: i32) -> bool {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN | libc::POLLRDHUP,
@@ -508,123 +398,4 @@ fn dead(fd: i32) -> bool {
         }
     }
     n == 0 || (n < 0 && !matches!(errno(), libc::EAGAIN | libc::EINTR))
-}
-
-/// The allocation slow path's look at the agent link (at most every [`CHECK_EVERY_MS`]): a
-/// dead connection is noticed and a reconnect tried. Costs one coarse clock read when not due.
-pub fn tick() {
-    let state = LINK.load(SeqCst);
-    if state == OFF {
-        return;
-    }
-    let now = now_ms();
-    let last = LAST_CHECK_MS.load(SeqCst);
-    if now.saturating_sub(last) < CHECK_EVERY_MS
-        || LAST_CHECK_MS
-            .compare_exchange(last, now, SeqCst, SeqCst)
-            .is_err()
-    {
-        return;
-    }
-    if BUSY.swap(true, SeqCst) {
-        return;
-    }
-    if state == UP {
-        let fd = CONN.load(SeqCst);
-        if fd >= 0 && dead(fd) {
-            if !LOST_WARNED.swap(true, SeqCst) {
-                warning!(
-                    "the fgpu agent went away: enforcing the last limits it set, reconnecting"
-                );
-            }
-            let old = CONN.swap(-1, SeqCst);
-            if old >= 0 {
-                // SAFETY: closing our dead connection.
-                unsafe { libc::close(old) };
-            }
-            LINK.store(DOWN, SeqCst);
-            reconnect();
-        }
-    } else {
-        reconnect();
-    }
-    BUSY.store(false, SeqCst);
-    // A compute share set or changed since the gate last looked.
-    crate::gate::check_generation();
-}
-
-/// Tries once to get the agent's ledger again and switch to it.
-fn reconnect() {
-    let cfg = config::get();
-    let (base, fd, agent_ledger) = ledger_file::current();
-    // Hand over a fresh open file description, never the one our slot lock lives on: the
-    // agent tests and takes slot locks through the description it holds, and through ours
-    // it would find our own slot free.
-    let attach = if agent_ledger {
-        let fresh = ledger_file::reopen_own(fd);
-        (fresh >= 0).then_some(Fd(fresh))
-    } else {
-        None
-    };
-    let result = hello(&cfg.socket, attach.as_ref().map(|f| f.0));
-    drop(attach);
-    let reply = match result {
-        Ok(r) => r,
-        Err(e) => {
-            debug!("reconnect to {}: {e}", cfg.socket);
-            return;
-        }
-    };
-    let ok = if agent_ledger && fd >= 0 && same_file(reply.usage.0, fd) {
-        // The agent adopted our usage memfd (or already had it): only the limits page is new.
-        match replace_limits(base, reply.limits.0, reply.usage.0) {
-            Ok(()) => true,
-            Err(e) => {
-                error!("reconnected to the fgpu agent, but its limits page is unusable: {e}");
-                false
-            }
-        }
-    } else {
-        match map_ledger(reply.limits.0, reply.usage.0) {
-            Ok(new_base) => {
-                let own = ledger_file::reopen_own(reply.usage.0);
-                if own >= 0 && ledger_file::migrate(new_base, own) {
-                    true
-                } else {
-                    // Nothing refers to the new ledger (migrate published nothing).
-                    if own >= 0 {
-                        // SAFETY: closing the description we opened.
-                        unsafe { libc::close(own) };
-                    }
-                    fgpu_ledger::unmap_shim(new_base);
-                    false
-                }
-            }
-            Err(e) => {
-                error!("reconnected to the fgpu agent, but its ledger is unusable: {e}");
-                false
-            }
-        }
-    };
-    if ok {
-        let old = CONN.swap(reply.conn.into_raw(), SeqCst);
-        if old >= 0 {
-            // SAFETY: closing a connection we no longer use.
-            unsafe { libc::close(old) };
-        }
-        LINK.store(UP, SeqCst);
-        LOST_WARNED.store(false, SeqCst);
-        crate::gate::ledger_changed();
-        info!(
-            "reconnected to the fgpu agent at {} (cgroup {})",
-            cfg.socket, reply.cgroup
-        );
-    }
-}
-
-/// In a fork child (async-signal-safe): no reconnect is in progress here. The connection is
-/// shared with the parent; either notices the agent going away.
-pub fn after_fork_child() {
-    BUSY.store(false, SeqCst);
-    LAST_CHECK_MS.store(0, SeqCst);
 }
