@@ -586,7 +586,9 @@ fn privileged_an_agent_restart_misses_nothing_the_probes_saw_meanwhile() {
             "hold",
         ],
     );
-    let mut gone = Load::spawn(&other, &state.0, &["alloc", "128MiB", "sleep", "1500"]);
+    // Alive long enough to be seen (3 s), then gone while the agent is down (the agent
+    // restarts only after it exited).
+    let mut gone = Load::spawn(&other, &state.0, &["alloc", "128MiB", "sleep", "3000"]);
     agent.wait_for(
         &cg,
         "768 MiB before the crash",
