@@ -75,12 +75,11 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
         let mut b = ts.pop().unwrap();
         let mut a = ts.pop().unwrap();
         let mut newcomer = None;
-        let mut cpu = None;
+        let cpu = CpuMeter::start();
         if kill {
             // A new process in the killed container, next to b for a share's window.
             let mut p = start(&w, &a.cg, &saturating(SHARE_WINDOW_MS + 1000));
             p.release();
-            cpu = Some(CpuMeter::start());
             newcomer = Some(p);
         }
         let a2 = newcomer.map(|p| p.finish());
@@ -105,9 +104,6 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
             let a2_start = progress(&a2.lines).first().map_or(0, |s| s.0);
             let theirs =
                 100.0 * rate_between(&p, a2_start + 500, a2_start + 500 + SHARE_WINDOW_MS) / alone;
-            println!(
-                "  a new process in the killed container: {mine:.1}%, b meanwhile {theirs:.1}%"
-            );
             assert_shares(
                 "  the newcomer in the killed container next to b",
                 &[
@@ -115,7 +111,7 @@ fn privileged_killed_or_stopped_tenants_never_stall_the_others() {
                     Measured::new("b", theirs, 50.0),
                 ],
                 5.0,
-                cpu.as_ref().expect("started with the newcomer"),
+                &cpu,
                 &ctx,
             );
         }
@@ -203,8 +199,9 @@ fn privileged_a_frozen_or_stopped_tenant_never_stalls_the_others_and_comes_back(
 
 /// A container running two processes loses one to SIGKILL while it holds the turn with work
 /// in flight: the other process keeps the container's share and the neighbour container its
-/// own (50 ± 5 of the work the two do, in units of one process alone), and it is never held off the device for
-/// 300 ms (the dead process's queued work and stamps go with its slot).
+/// own (50 ± 5 of the work the two do, in units of one process alone), and the neighbour is
+/// never held off the device for 300 ms (the dead process's queued work and stamps go with
+/// its slot).
 #[test]
 fn privileged_a_two_process_container_keeps_its_share_when_one_is_killed() {
     if !privileged() {

@@ -38,12 +38,13 @@ impl Tuning {
 
     /// The defaults with the overrides `lookup` gives by variable name.
     fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Tuning {
+        /// `name`'s value, if set, parsed and accepted by `ok`; logged either way.
         fn parse<T: std::str::FromStr>(
+            lookup: &dyn Fn(&str) -> Option<String>,
             name: &str,
-            v: Option<String>,
             ok: impl Fn(&T) -> bool,
         ) -> Option<T> {
-            let v = v?;
+            let v = lookup(name)?;
             match v.parse::<T>() {
                 Ok(x) if ok(&x) => {
                     tracing::info!(name, value = %v, "compute controller: tuning override");
@@ -55,28 +56,23 @@ impl Tuning {
                 }
             }
         }
+        let l: &dyn Fn(&str) -> Option<String> = &lookup;
         let d = Tuning::default();
         let flag = |name: &str, default: bool| {
-            parse(name, lookup(name), |x: &u8| *x <= 1).map_or(default, |x| x == 1)
+            parse(l, name, |x: &u8| *x <= 1).map_or(default, |x| x == 1)
         };
         Tuning {
-            light_duty: parse(
-                "FGPU_COMPUTE_LIGHT_DUTY",
-                lookup("FGPU_COMPUTE_LIGHT_DUTY"),
-                |x: &f64| (0.0..=1.0).contains(x),
-            )
+            light_duty: parse(l, "FGPU_COMPUTE_LIGHT_DUTY", |x: &f64| {
+                (0.0..=1.0).contains(x)
+            })
             .unwrap_or(d.light_duty),
-            round_ns: parse(
-                "FGPU_COMPUTE_ROUND_MS",
-                lookup("FGPU_COMPUTE_ROUND_MS"),
-                |x: &i64| (10..=2000).contains(x),
-            )
+            round_ns: parse(l, "FGPU_COMPUTE_ROUND_MS", |x: &i64| {
+                (10..=2000).contains(x)
+            })
             .map_or(d.round_ns, |ms| ms * 1_000_000),
-            queue_ns: parse(
-                "FGPU_COMPUTE_QUEUE_US",
-                lookup("FGPU_COMPUTE_QUEUE_US"),
-                |x: &u64| (100..=50_000).contains(x),
-            )
+            queue_ns: parse(l, "FGPU_COMPUTE_QUEUE_US", |x: &u64| {
+                (100..=50_000).contains(x)
+            })
             .map_or(d.queue_ns, |us| us * 1000),
             overlap: flag("FGPU_COMPUTE_OVERLAP", d.overlap),
             queue_scale: flag("FGPU_COMPUTE_QUEUE_SCALE", d.queue_scale),
