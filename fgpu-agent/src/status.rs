@@ -168,6 +168,17 @@ pub struct KernelCounters {
     /// (the policy applied to them).
     #[serde(default)]
     pub over_bound: u64,
+    /// Probed calls whose arguments the kernel could not store (an allocation among them
+    /// failed closed by its tenant's policy).
+    #[serde(default)]
+    pub args_lost: u64,
+    /// Allocations charged under a key of their own because the address read back could not
+    /// be believed (unreadable, or naming memory the process still held).
+    #[serde(default)]
+    pub addr_untrusted: u64,
+    /// Removed cgroups whose kernel records were pruned.
+    #[serde(default)]
+    pub cgroups_pruned: u64,
 }
 
 /// Everything the agent answers to a status request.

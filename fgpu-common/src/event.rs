@@ -23,6 +23,9 @@ pub enum EventKind {
     /// A tenant (`cgroup_id`) reached its bound on tracking entries; the allocation is not
     /// tracked and `result` is what the kernel did ([`action`]).
     OverBound = 6,
+    /// A cgroup v2 directory (`cgroup_id`) was removed; `size`: bytes its processes still
+    /// held (0: the kernel pruned every record of it at once).
+    CgroupGone = 7,
 }
 
 impl EventKind {
@@ -34,6 +37,7 @@ impl EventKind {
             4 => Some(Self::Exec),
             5 => Some(Self::OverLimit),
             6 => Some(Self::OverBound),
+            7 => Some(Self::CgroupGone),
             _ => None,
         }
     }
@@ -246,6 +250,10 @@ impl KernelLimit {
 #[repr(C)]
 pub struct CgroupTree {
     pub anc: [u64; MAX_LEVELS],
+    /// The tenant key whose `cgroups` count holds this entry (0: the shared pool).
+    pub counted: u64,
+    /// Non-zero once the cgroup was removed while its processes held bytes.
+    pub gone: u64,
 }
 
 /// `struct fgpu_tenant`: value of `tenants` (key: the tenant's cgroup id).
@@ -258,6 +266,9 @@ pub struct Tenant {
     pub procs: i64,
     /// Allocations refused tracking because a bound was reached.
     pub over_bound: u64,
+    /// Live entries in `cg_tree` counted against this tenant (key 0: the shared pool of
+    /// cgroups with no limited ancestor).
+    pub cgroups: i64,
 }
 
 impl Tenant {
@@ -265,6 +276,10 @@ impl Tenant {
     pub const MAX_ALLOCS: i64 = 16384;
     /// `FGPU_TENANT_MAX_PROCS`.
     pub const MAX_PROCS: i64 = 1024;
+    /// `FGPU_TENANT_MAX_CGROUPS`.
+    pub const MAX_CGROUPS: i64 = 1024;
+    /// `FGPU_POOL_MAX_CGROUPS`.
+    pub const POOL_MAX_CGROUPS: i64 = 32768;
 }
 
 /// `FGPU_ACT_*`: what the kernel did about an over-limit or over-bound allocation (the
@@ -283,7 +298,10 @@ pub mod counter {
     pub const OVER_LIMIT: u32 = 4;
     pub const KILLED: u32 = 5;
     pub const OVER_BOUND: u32 = 6;
-    pub const MAX: u32 = 8;
+    pub const ARGS_LOST: u32 = 7;
+    pub const ADDR_UNTRUSTED: u32 = 8;
+    pub const CGROUPS_PRUNED: u32 = 9;
+    pub const MAX: u32 = 16;
 }
 
 // Layout of fgpu.h, checked at compile time.
@@ -306,8 +324,10 @@ const _: () = {
     assert!(offset_of!(ProcUsage, tenant) == 16);
     assert!(size_of::<KernelLimit>() == 16);
     assert!(offset_of!(KernelLimit, flags) == 8);
-    assert!(size_of::<CgroupTree>() == 8 * MAX_LEVELS);
-    assert!(size_of::<Tenant>() == 24);
+    assert!(size_of::<CgroupTree>() == 8 * MAX_LEVELS + 16);
+    assert!(offset_of!(CgroupTree, counted) == 8 * MAX_LEVELS);
+    assert!(size_of::<Tenant>() == 32);
+    assert!(offset_of!(Tenant, cgroups) == 24);
     assert!(offset_of!(Tenant, procs) == 8);
     assert!(offset_of!(Tenant, over_bound) == 16);
 };

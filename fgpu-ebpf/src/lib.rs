@@ -11,6 +11,8 @@
 //! - [`PROG_EXIT`] (`tracepoint/sched/sched_process_exit`): releases a dead process's bytes.
 //! - [`PROG_EXEC`] (`tracepoint/sched/sched_process_exec`): tells the agent a process started,
 //!   so it can look for driver libraries in it.
+//! - [`PROG_CGROUP_RMDIR`] (`tracepoint/cgroup/cgroup_rmdir`): prunes a removed cgroup's
+//!   records from every cgroup-keyed map, so that they bound live cgroups, not all ever seen.
 
 /// Name of the entry uprobe program.
 pub const PROG_ENTER: &str = "fgpu_enter";
@@ -20,6 +22,8 @@ pub const PROG_LEAVE: &str = "fgpu_leave";
 pub const PROG_EXIT: &str = "fgpu_sched_exit";
 /// Name of the exec tracepoint program.
 pub const PROG_EXEC: &str = "fgpu_sched_exec";
+/// Name of the cgroup-removal tracepoint program.
+pub const PROG_CGROUP_RMDIR: &str = "fgpu_cgroup_rmdir";
 
 /// Maps in the object (see the header comment of `fgpu.bpf.c`).
 pub mod maps {

@@ -17,8 +17,8 @@
 //! [`reconcile`] runs every [`RECONCILE_EVERY`]: a limited subtree the kernel sees over its
 //! threshold is reported even if the kernel's record of it was lost (ring buffer full), and
 //! with `--on-exceed kill` its largest holder is killed if it is still over at the next
-//! pass (a limit lowered below what is in use, a kill the kernel could not send). It also
-//! forgets the kernel's records of cgroups that are gone and hold nothing.
+//! pass (a limit lowered below what is in use, a kill the kernel could not send). The kernel
+//! prunes the records of removed cgroups itself; nothing here walks the cgroup hierarchy.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -63,6 +63,12 @@ impl Enforcer {
         if self.seen.lock().expect("enforcer lock").insert(id) {
             self.wake.notify_one();
         }
+    }
+
+    /// Cgroup `id` was removed (from the kernel's record): forget it.
+    pub fn cgroup_gone(&self, id: u64) {
+        self.seen.lock().expect("enforcer lock").remove(&id);
+        self.over.lock().expect("enforcer lock").remove(&id);
     }
 }
 
@@ -165,9 +171,8 @@ pub fn sync(state: &State) -> usize {
     changed
 }
 
-/// Checks the kernel's subtree totals against the limits (see the module documentation),
-/// and forgets the kernel's records of cgroups that are gone.
-pub fn reconcile(state: &State, gc: bool) {
+/// Checks the kernel's subtree totals against the limits (see the module documentation).
+pub fn reconcile(state: &State) {
     let want = desired(state);
     let snap = state.kernel.lock().expect("kernel maps lock").snapshot();
     let mut over_now = HashMap::new();
@@ -224,9 +229,6 @@ pub fn reconcile(state: &State, gc: bool) {
     }
     drop(over);
     super::unseen::reconcile(state, &snap.procs);
-    if gc {
-        forget_gone(state, &snap);
-    }
 }
 
 /// SIGKILLs the process of the subtree `path` that holds the most.
@@ -256,65 +258,6 @@ fn kill_largest(state: &State, procs: &[(u32, fgpu_common::event::ProcUsage)], p
     }
 }
 
-fn forget_gone(state: &State, snap: &super::kernel::Snapshot) {
-    let recorded = state
-        .kernel
-        .lock()
-        .expect("kernel maps lock")
-        .recorded_cgroups();
-    let mut holding: HashMap<u64, Vec<u32>> = HashMap::new();
-    let mut busy = HashSet::new();
-    for (key, bytes) in &snap.tree {
-        holding.entry(key.cgroup_id).or_default().push(key.device);
-        if *bytes > 0 {
-            busy.insert(key.cgroup_id);
-        }
-    }
-    let existing = existing_ids(&state.cgroup2_mount);
-    state
-        .enforce
-        .seen
-        .lock()
-        .expect("enforcer lock")
-        .retain(|id| existing.contains(id));
-    let gone: Vec<u64> = recorded
-        .into_iter()
-        .filter(|id| !busy.contains(id) && !existing.contains(id))
-        .collect();
-    if gone.is_empty() {
-        return;
-    }
-    let mut kernel = state.kernel.lock().expect("kernel maps lock");
-    for id in &gone {
-        kernel.forget_cgroup(*id, holding.get(id).map_or(&[][..], Vec::as_slice));
-    }
-    tracing::debug!(
-        cgroups = gone.len(),
-        "forgot the kernel records of removed cgroups"
-    );
-}
-
-/// The ids of every cgroup that exists now (one walk of the hierarchy).
-fn existing_ids(mount: &Path) -> HashSet<u64> {
-    let mut out = HashSet::new();
-    let mut stack = vec![mount.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(meta) = std::fs::metadata(&dir) else {
-            continue;
-        };
-        out.insert(meta.ino());
-        if let Ok(entries) = std::fs::read_dir(&dir) {
-            stack.extend(
-                entries
-                    .filter_map(Result::ok)
-                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                    .map(|e| e.path()),
-            );
-        }
-    }
-    out
-}
-
 /// Keeps the kernel's limits in sync and reconciles, until the agent stops.
 pub async fn run(state: Arc<State>) {
     let mut tick = tokio::time::interval(SYNC_EVERY);
@@ -330,7 +273,7 @@ pub async fn run(state: Arc<State>) {
         }
         n = n.wrapping_add(1);
         if n.is_multiple_of(per_reconcile) {
-            reconcile(&state, n.is_multiple_of(per_reconcile * 5));
+            reconcile(&state);
         }
     }
 }

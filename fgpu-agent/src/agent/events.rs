@@ -61,6 +61,23 @@ fn record(state: &State, e: &Event) {
             state.enforce.note_cgroup(e.cgroup_id);
             return;
         }
+        Some(EventKind::CgroupGone) => {
+            state.enforce.cgroup_gone(e.cgroup_id);
+            state
+                .names
+                .lock()
+                .expect("cgroup names lock")
+                .forget(e.cgroup_id);
+            if e.size > 0 {
+                tracing::debug!(
+                    cgroup_id = e.cgroup_id,
+                    held = e.size,
+                    "a cgroup was removed while processes that left it held GPU memory; its \
+                     records go when that memory is freed"
+                );
+            }
+            return;
+        }
         Some(EventKind::Exit) => {
             if e.size > 0 {
                 tracing::info!(

@@ -2,15 +2,15 @@
 //! `counters`) and writing the one map the agent owns, `limits`.
 //!
 //! The totals live in maps updated with atomic adds in the kernel, so they stay exact even
-//! if ring-buffer events are dropped; the agent only reads them (and deletes entries of
-//! cgroups that are gone and hold nothing, see [`super::enforce`]).
+//! if ring-buffer events are dropped; the agent only reads them. The kernel prunes a removed
+//! cgroup's records itself (`fgpu_cgroup_rmdir`), so the agent never deletes any.
 
 use anyhow::{Context, Result};
 use aya::Ebpf;
 use aya::Pod;
 use aya::maps::{Array, HashMap, MapData};
 use fgpu_common::event::{
-    CgroupKey, CgroupTree, CgroupUsage, KernelLimit, ProcUsage, Tenant, counter,
+    CgroupKey, CgroupTree, CgroupUsage, KernelLimit, ProcUsage, counter,
 };
 
 use crate::status::KernelCounters;
@@ -31,9 +31,6 @@ struct Lim(KernelLimit);
 #[derive(Clone, Copy)]
 #[repr(transparent)]
 struct Tree(CgroupTree);
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-struct Ten(Tenant);
 
 // SAFETY: #[repr(transparent)] over #[repr(C)] structs of integers with no padding holes
 // the kernel could leave uninitialised (layouts asserted in fgpu_common::event).
@@ -46,8 +43,6 @@ unsafe impl Pod for Proc {}
 unsafe impl Pod for Lim {}
 // SAFETY: as above.
 unsafe impl Pod for Tree {}
-// SAFETY: as above.
-unsafe impl Pod for Ten {}
 
 /// A consistent-enough copy of the kernel's view (each entry is read atomically).
 #[derive(Debug, Default, Clone)]
@@ -64,7 +59,6 @@ pub struct KernelMaps {
     tree: HashMap<MapData, Key, u64>,
     cg_tree: HashMap<MapData, u64, Tree>,
     limits: HashMap<MapData, u64, Lim>,
-    tenants: HashMap<MapData, u64, Ten>,
     procs: HashMap<MapData, u32, Proc>,
     counters: Array<MapData, u64>,
 }
@@ -81,7 +75,6 @@ impl KernelMaps {
             tree: HashMap::try_from(take(maps::TREE_USAGE)?)?,
             cg_tree: HashMap::try_from(take(maps::CG_TREE)?)?,
             limits: HashMap::try_from(take(maps::LIMITS)?)?,
-            tenants: HashMap::try_from(take(maps::TENANTS)?)?,
             procs: HashMap::try_from(take(maps::PROCS)?)?,
             counters: Array::try_from(take(maps::COUNTERS)?)?,
         })
@@ -145,31 +138,6 @@ impl KernelMaps {
             .collect()
     }
 
-    /// Cgroups whose ancestry the kernel recorded.
-    pub fn recorded_cgroups(&self) -> Vec<u64> {
-        self.cg_tree.keys().filter_map(Result::ok).collect()
-    }
-
-    /// Forgets what the kernel recorded about a cgroup that is gone and holds nothing.
-    pub fn forget_cgroup(&mut self, cgroup_id: u64, devices: &[u32]) {
-        let _ = self.cg_tree.remove(&cgroup_id);
-        for &device in devices {
-            let key = Key(CgroupKey {
-                cgroup_id,
-                device,
-                pad: 0,
-            });
-            let _ = self.tree.remove(&key);
-        }
-        if self
-            .tenants
-            .get(&cgroup_id, 0)
-            .is_ok_and(|t| t.0.allocs <= 0 && t.0.procs <= 0)
-        {
-            let _ = self.tenants.remove(&cgroup_id);
-        }
-    }
-
     pub fn snapshot(&self) -> Snapshot {
         let get = |idx| self.counters.get(&idx, 0).unwrap_or(0);
         Snapshot {
@@ -184,6 +152,9 @@ impl KernelMaps {
                 over_limit: get(counter::OVER_LIMIT),
                 killed: get(counter::KILLED),
                 over_bound: get(counter::OVER_BOUND),
+                args_lost: get(counter::ARGS_LOST),
+                addr_untrusted: get(counter::ADDR_UNTRUSTED),
+                cgroups_pruned: get(counter::CGROUPS_PRUNED),
             },
         }
     }

@@ -23,7 +23,7 @@ pub struct Probes {
 
 impl Probes {
     /// Loads the embedded object into the kernel (reusing pinned maps in `pin_dir`) and
-    /// attaches the process-exit and exec tracepoints.
+    /// attaches the tracepoints ([`TRACEPOINTS`]).
     pub fn load(pin_dir: &Path) -> Result<Self> {
         ensure_tracefs()?;
         let mut pins = Pins::open(pin_dir)?;
@@ -53,22 +53,16 @@ impl Probes {
         if reused {
             tracing::info!(dir = %pins.dir.display(), "reusing the kernel state of the previous agent");
         }
-        let exit: &mut TracePoint = ebpf
-            .program_mut(fgpu_ebpf::PROG_EXIT)
-            .context("eBPF object lacks the process-exit program")?
-            .try_into()?;
-        let id = exit
-            .attach("sched", "sched_process_exit")
-            .context("attaching to tracepoint sched/sched_process_exit")?;
-        pins.pin(FdLink::try_from(exit.take_link(id)?)?)?;
-        let exec: &mut TracePoint = ebpf
-            .program_mut(fgpu_ebpf::PROG_EXEC)
-            .context("eBPF object lacks the exec program")?
-            .try_into()?;
-        let id = exec
-            .attach("sched", "sched_process_exec")
-            .context("attaching to tracepoint sched/sched_process_exec")?;
-        pins.pin(FdLink::try_from(exec.take_link(id)?)?)?;
+        for (name, category, event) in TRACEPOINTS {
+            let tp: &mut TracePoint = ebpf
+                .program_mut(name)
+                .with_context(|| format!("eBPF object lacks program {name}"))?
+                .try_into()?;
+            let id = tp
+                .attach(category, event)
+                .with_context(|| format!("attaching to tracepoint {category}/{event}"))?;
+            pins.pin(FdLink::try_from(tp.take_link(id)?)?)?;
+        }
         Ok(Self {
             ebpf,
             attached: Vec::new(),
@@ -132,6 +126,15 @@ impl Probes {
     }
 }
 
+/// The tracepoint programs and what each is attached to: process exit (releases a dead
+/// process's bytes), exec (a process may map a driver library soon), and cgroup removal
+/// (prunes the removed cgroup's records).
+const TRACEPOINTS: [(&str, &str, &str); 3] = [
+    (fgpu_ebpf::PROG_EXIT, "sched", "sched_process_exit"),
+    (fgpu_ebpf::PROG_EXEC, "sched", "sched_process_exec"),
+    (fgpu_ebpf::PROG_CGROUP_RMDIR, "cgroup", "cgroup_rmdir"),
+];
+
 /// Loads the object with `pins`' maps and verifies every program (attached afterwards).
 fn load_verified(pins: &Pins) -> Result<Ebpf> {
     let mut ebpf = load_object(pins)?;
@@ -140,7 +143,7 @@ fn load_verified(pins: &Pins) -> Result<Ebpf> {
             .load()
             .with_context(|| format!("verifying eBPF program {name}"))?;
     }
-    for name in [fgpu_ebpf::PROG_EXIT, fgpu_ebpf::PROG_EXEC] {
+    for (name, _, _) in TRACEPOINTS {
         let tp: &mut TracePoint = ebpf
             .program_mut(name)
             .with_context(|| format!("eBPF object lacks program {name}"))?
@@ -153,6 +156,9 @@ fn load_verified(pins: &Pins) -> Result<Ebpf> {
 
 fn load_object(pins: &Pins) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
+    // `call_args` is task-local storage, which aya loads and pins but cannot read: user
+    // space never needs to.
+    loader.allow_unsupported_maps();
     pins.configure(&mut loader);
     loader
         .load(fgpu_ebpf::object())

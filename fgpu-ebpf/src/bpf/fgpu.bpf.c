@@ -9,10 +9,11 @@
  * same code harmless (the entry overwrites, the first return consumes).
  *
  * State kept here (user space reads it; the agent writes `limits` only):
+ *   call_args  task-local: the arguments of the probed call a thread is inside
  *   allocs     (tgid, pointer or VMM handle) -> (size, cgroup, device, tenant)
  *   cg_usage   (cgroup, device) -> bytes held by the cgroup's own processes, allocs, frees
  *   tree_usage (cgroup, device) -> bytes held by the cgroup and all its descendants
- *   cg_tree    cgroup -> its ancestry (struct fgpu_cg_tree)
+ *   cg_tree    cgroup -> its ancestry (struct fgpu_cg_tree), bounded per tenant
  *   limits     cgroup -> threshold and policy (struct fgpu_limit), written by the agent
  *   tenants    tenant -> live tracking entries (struct fgpu_tenant)
  *   procs      tgid -> cgroup, bytes held, tenant; a group leader's exit releases the process
@@ -27,6 +28,12 @@
  *
  * Process exec is reported too (FGPU_EV_EXEC), so the agent can look for driver libraries
  * (a container's own copy of libcuda) in new processes soon after they start.
+ *
+ * What a tenant controls is untrusted: a tenant can fill no map others depend on (call
+ * arguments are task-local; cgroups and allocations are bounded per tenant; a removed
+ * cgroup is pruned from every cgroup-keyed map), and what it can rewrite in its own memory
+ * between the driver's write and the return probe's read (the output pointer, the pitch,
+ * the allocation properties) can only make it charged more, never less.
  */
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
@@ -64,9 +71,14 @@ struct alloc_val {
 #define FREE_UNSEEN 2   /* no record: an unknown free */
 
 struct call_args {
-	__u64 api;
+	__u64 api; /* FGPU_API_*; 0 once the return consumed the call */
 	__u64 a0, a1, a2, a3;
 	__u64 freed;
+	/*
+	 * cuMemCreate's prop->location as read at entry (before the driver reads it); the
+	 * return reads it again and charges device memory if either read says device.
+	 */
+	__u32 loc_type, loc_id;
 	/*
 	 * A free takes its record out of `allocs` at entry, while the driver still holds the
 	 * memory (so nobody can be handed the address and charged meanwhile), and credits it at
@@ -78,10 +90,15 @@ struct call_args {
 	struct alloc_val rec;
 };
 
+/*
+ * Task-local: each thread's slot lives and dies with the thread, so no number of threads
+ * parked inside probed calls can take another thread's slot (a node-wide map keyed by thread
+ * could be filled by one tenant, after which nobody's calls were charged).
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64); /* pid_tgid */
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct call_args);
 } call_args SEC(".maps");
 
@@ -95,7 +112,8 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct fgpu_cg_key);
 	__type(value, struct fgpu_cg_usage);
 } cg_usage SEC(".maps");
@@ -109,7 +127,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 262144);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct fgpu_cg_key);
 	__type(value, __u64);
@@ -283,6 +301,58 @@ static __always_inline void proc_add(__u32 tgid, __u64 delta)
 		__sync_fetch_and_add(&p->bytes, delta);
 }
 
+/*
+ * Forgets every record of cgroup `cgroup_id` if its processes hold nothing on any device:
+ * its totals, its subtree totals, its ancestry (and the tenant count of it), and its own
+ * tenant entry when that tracks nothing. Returns 1 if it pruned, 0 if bytes are held.
+ * Called when the cgroup is removed, and after each credit to a removed cgroup (whichever
+ * of the two sees the last byte go prunes: both mark before they look).
+ */
+static __always_inline int prune(__u64 cgroup_id)
+{
+	struct fgpu_cg_tree *tree;
+	struct fgpu_tenant *t;
+	__u64 counted;
+
+	for (__u32 d = 0; d < FGPU_MAX_DEVICES; d++) {
+		struct fgpu_cg_key key = { .cgroup_id = cgroup_id, .device = d };
+		struct fgpu_cg_usage *u = bpf_map_lookup_elem(&cg_usage, &key);
+
+		if (u && u->bytes)
+			return 0;
+	}
+	for (__u32 d = 0; d < FGPU_MAX_DEVICES; d++) {
+		struct fgpu_cg_key key = { .cgroup_id = cgroup_id, .device = d };
+
+		bpf_map_delete_elem(&cg_usage, &key);
+		bpf_map_delete_elem(&tree_usage, &key);
+	}
+	tree = bpf_map_lookup_elem(&cg_tree, &cgroup_id);
+	if (tree) {
+		counted = tree->counted;
+		/* Only the one that deletes it gives its place back. */
+		if (bpf_map_delete_elem(&cg_tree, &cgroup_id) == 0) {
+			t = bpf_map_lookup_elem(&tenants, &counted);
+			if (t)
+				__sync_fetch_and_add(&t->cgroups, -1);
+			count(FGPU_CTR_CGROUPS_PRUNED);
+		}
+	}
+	t = bpf_map_lookup_elem(&tenants, &cgroup_id);
+	if (cgroup_id && t && t->allocs <= 0 && t->procs <= 0 && t->cgroups <= 0)
+		bpf_map_delete_elem(&tenants, &cgroup_id);
+	return 1;
+}
+
+/* After a credit to `cgroup_id`: prunes it if it was removed and holds nothing now. */
+static __always_inline void prune_if_gone(__u64 cgroup_id)
+{
+	struct fgpu_cg_tree *tree = bpf_map_lookup_elem(&cg_tree, &cgroup_id);
+
+	if (tree && tree->gone)
+		prune(cgroup_id);
+}
+
 /* Credits a record taken out of `allocs` (a free, an exit). */
 static __always_inline void credit_rec(__u32 tgid, __u32 tid, __u64 addr, __u32 api, __s32 rc,
 				       const struct alloc_val *val)
@@ -293,24 +363,7 @@ static __always_inline void credit_rec(__u32 tgid, __u32 tid, __u64 addr, __u32 
 	tenant_add(val->tenant, -1, 0);
 	proc_add(tgid, -val->size);
 	emit(FGPU_EV_FREE, api, tgid, tid, val->cgroup_id, addr, val->size, val->device, rc, total);
-}
-
-/*
- * Forget (tgid, addr) and credit its owner (an allocation handed an address we still hold a
- * record of: we missed its free).
- */
-static __always_inline void credit(__u32 tgid, __u32 tid, __u64 addr, __u32 api, __s32 rc)
-{
-	struct alloc_key key = { .tgid = tgid, .addr = addr };
-	struct alloc_val *v = bpf_map_lookup_elem(&allocs, &key);
-	struct alloc_val val;
-
-	if (!v)
-		return;
-	val = *v;
-	if (bpf_map_delete_elem(&allocs, &key) != 0)
-		return; /* somebody else took it meanwhile */
-	credit_rec(tgid, tid, addr, api, rc, &val);
+	prune_if_gone(val->cgroup_id);
 }
 
 /* Puts a record a free took out back (the free failed, or its thread died inside it). */
@@ -323,15 +376,20 @@ static __always_inline void restore(__u32 tgid, __u64 addr, const struct alloc_v
 }
 
 /*
- * The ancestry of the current task's cgroup `cgroup_id`, recorded on first use. NULL if it
- * cannot be recorded (map full).
+ * The ancestry of the current task's cgroup `cgroup_id`, recorded on first use and counted
+ * against the topmost limited ancestor within reach (else the shared pool, key 0). NULL if
+ * it cannot be recorded: `*bound` is then the tenant key whose bound on cgroups was reached,
+ * or ~0 if a map was full.
  */
-static __always_inline struct fgpu_cg_tree *ancestry(__u64 cgroup_id)
+static __always_inline struct fgpu_cg_tree *ancestry(__u64 cgroup_id, __u64 *bound)
 {
 	struct fgpu_cg_tree *tree = bpf_map_lookup_elem(&cg_tree, &cgroup_id);
+	struct fgpu_tenant *t;
+	__u64 key = 0;
 	__u32 zero = 0;
 	int level = 0;
 
+	*bound = ~0ULL;
 	if (tree)
 		return tree;
 	tree = bpf_map_lookup_elem(&scratch, &zero);
@@ -349,7 +407,25 @@ static __always_inline struct fgpu_cg_tree *ancestry(__u64 cgroup_id)
 		tree->anc[i] = l >= 0 ? bpf_get_current_ancestor_cgroup_id(l) : 0;
 	}
 	tree->anc[0] = cgroup_id; /* the same id, read once */
-	bpf_map_update_elem(&cg_tree, &cgroup_id, tree, BPF_NOEXIST);
+	for (int i = 0; i < FGPU_MAX_LEVELS; i++) {
+		__u64 id = tree->anc[i];
+
+		if (!id)
+			break;
+		if (bpf_map_lookup_elem(&limits, &id))
+			key = id;
+	}
+	t = tenant_of(key);
+	if (!t)
+		return NULL;
+	if (t->cgroups >= (key ? FGPU_TENANT_MAX_CGROUPS : FGPU_POOL_MAX_CGROUPS)) {
+		*bound = key;
+		return NULL;
+	}
+	tree->counted = key;
+	tree->gone = 0;
+	if (bpf_map_update_elem(&cg_tree, &cgroup_id, tree, BPF_NOEXIST) == 0)
+		__sync_fetch_and_add(&t->cgroups, 1);
 	return bpf_map_lookup_elem(&cg_tree, &cgroup_id);
 }
 
@@ -376,6 +452,23 @@ static __always_inline __u32 default_flags(void)
 	return l ? l->flags : 0;
 }
 
+/* The policy of tenant `key` (a limited cgroup; else the node's default). */
+static __always_inline __u32 flags_of(__u64 key)
+{
+	struct fgpu_limit *l = key ? bpf_map_lookup_elem(&limits, &key) : NULL;
+
+	return l ? l->flags : default_flags();
+}
+
+/* A sequence number for FGPU_ADDR_SYNTH keys (also counts them). */
+static __always_inline __u64 synth_addr(void)
+{
+	__u32 idx = FGPU_CTR_ADDR_UNTRUSTED;
+	__u64 *c = bpf_map_lookup_elem(&counters, &idx);
+
+	return FGPU_ADDR_SYNTH | (c ? __sync_fetch_and_add(c, 1) : bpf_ktime_get_ns());
+}
+
 /* An allocation that cannot be tracked: counted, reported and dealt with by policy. */
 static __always_inline void over_bound(__u32 tgid, __u32 tid, __u64 tenant, __u32 flags,
 				       struct fgpu_tenant *t, __u64 addr, __u64 size,
@@ -387,8 +480,16 @@ static __always_inline void over_bound(__u32 tgid, __u32 tid, __u64 tenant, __u3
 	emit(FGPU_EV_OVER_BOUND, api, tgid, tid, tenant, addr, size, device, act(flags), 0);
 }
 
-static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size, __u32 device,
-				   __u32 api, __s32 rc)
+/*
+ * Charges a successful allocation of `size` bytes. `addr` is what the output slot held when
+ * the return probe read it (`addr_ok`: read at all); another thread of the process could
+ * have rewritten it since the driver's write, so it is only believed if no record of this
+ * process holds it already. An address that is still held (a free we never saw, or a slot
+ * rewritten to an old pointer to hide the new one) keeps its record, and the new bytes are
+ * charged under a key of their own, released with the process: never less charged.
+ */
+static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, int addr_ok, __u64 size,
+				   __u32 device, __u32 api, __s32 rc)
 {
 	__u64 cgroup_id = bpf_get_current_cgroup_id();
 	struct alloc_key key = { .tgid = tgid, .addr = addr };
@@ -401,19 +502,24 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 	struct fgpu_tenant *t;
 	struct fgpu_proc *p;
 	__u32 flags = default_flags(), crossed_flags = 0;
-	__u64 tenant = cgroup_id, total, crossed = 0, crossed_total = 0;
+	__u64 tenant = cgroup_id, total, crossed = 0, crossed_total = 0, bound;
 	int new_proc = 0;
 
-	/* A pointer handed out again while we still hold it means we missed its free. */
-	credit(tgid, tid, addr, api, rc);
+	if (!addr_ok || !addr || (addr & FGPU_ADDR_SYNTH) || bpf_map_lookup_elem(&allocs, &key))
+		key.addr = synth_addr();
 	/*
 	 * A map that is full (or an element the kernel could not allocate) is no tenant's
 	 * doing: such allocations are counted (FGPU_CTR_MAP_FULL), never killed for. Only a
 	 * tenant's own bound applies its policy.
 	 */
-	tree = ancestry(cgroup_id);
+	tree = ancestry(cgroup_id, &bound);
 	if (!tree) {
-		count(FGPU_CTR_MAP_FULL);
+		if (bound == ~0ULL) {
+			count(FGPU_CTR_MAP_FULL);
+			return;
+		}
+		t = tenant_of(bound);
+		over_bound(tgid, tid, bound, flags_of(bound), t, key.addr, size, device, api);
 		return;
 	}
 	/* The tenant: the topmost limited ancestor within reach, else the cgroup itself. */
@@ -452,15 +558,19 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 	}
 	val.tenant = tenant;
 	if (bpf_map_update_elem(&allocs, &key, &val, BPF_NOEXIST) != 0) {
-		count(FGPU_CTR_MAP_FULL);
-		return;
+		/* Inserted meanwhile by another thread of the process: a key of its own. */
+		key.addr = synth_addr();
+		if (bpf_map_update_elem(&allocs, &key, &val, BPF_NOEXIST) != 0) {
+			count(FGPU_CTR_MAP_FULL);
+			return;
+		}
 	}
 	__sync_fetch_and_add(&t->allocs, 1);
 	if (new_proc)
 		__sync_fetch_and_add(&t->procs, 1);
 	__sync_fetch_and_add(&p->bytes, size);
 	total = cg_add(cgroup_id, device, size, 1);
-	emit(FGPU_EV_ALLOC, api, tgid, tid, cgroup_id, addr, size, device, rc, total);
+	emit(FGPU_EV_ALLOC, api, tgid, tid, cgroup_id, key.addr, size, device, rc, total);
 
 	/* Every ancestor's subtree total; the nearest limited one this takes past its limit. */
 	for (int i = 0; i < FGPU_MAX_LEVELS; i++) {
@@ -481,51 +591,127 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, __u64 size
 	}
 	if (crossed) {
 		count(FGPU_CTR_OVER_LIMIT);
-		emit(FGPU_EV_OVER_LIMIT, api, tgid, tid, crossed, addr, size, device,
+		emit(FGPU_EV_OVER_LIMIT, api, tgid, tid, crossed, key.addr, size, device,
 		     act(crossed_flags), crossed_total);
 	}
 }
 
-SEC("uprobe")
-int BPF_KPROBE(fgpu_enter, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
+/* The calling thread's call slot, created on first use; NULL if it cannot be had. */
+static __always_inline struct call_args *slot(int create)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	struct call_args args = {
-		.api = bpf_get_attach_cookie(ctx),
-		.a0 = a0,
-		.a1 = a1,
-		.a2 = a2,
-		.a3 = a3,
-	};
+	return bpf_task_storage_get(&call_args, bpf_get_current_task_btf(), 0,
+				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
 
-	switch (args.api) {
+static __always_inline int is_free(__u64 api)
+{
+	switch (api) {
 	case FGPU_API_CU_MEM_FREE:
 	case FGPU_API_CU_MEM_FREE_ASYNC:
 	case FGPU_API_CU_MEM_RELEASE:
 	case FGPU_API_HIP_FREE:
 	case FGPU_API_HIP_FREE_ASYNC:
-	case FGPU_API_HIP_MEM_RELEASE: {
+	case FGPU_API_HIP_MEM_RELEASE:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
+/*
+ * The policy of the current task's tenant, found without recording anything (for a call
+ * whose arguments could not be stored): the topmost limited ancestor's, else the node's.
+ */
+static __always_inline __u32 caller_flags(void)
+{
+	__u64 key = 0;
+
+	for (int l = 0; l < FGPU_MAX_DEPTH; l++) {
+		__u64 id = bpf_get_current_ancestor_cgroup_id(l);
+
+		if (!id)
+			break;
+		if (!key && bpf_map_lookup_elem(&limits, &id))
+			key = id;
+	}
+	return flags_of(key);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(fgpu_enter, __u64 a0, __u64 a1, __u64 a2, __u64 a3)
+{
+	__u64 id = bpf_get_current_pid_tgid(), api = bpf_get_attach_cookie(ctx);
+	struct call_args *args = slot(1);
+
+	if (!args) {
+		/*
+		 * No slot (the kernel could not allocate one): the call cannot be charged. A free
+		 * keeps its record (still charged, released with the process); an allocation fails
+		 * closed for this caller alone, by its tenant's policy.
+		 */
+		count(FGPU_CTR_ARGS_LOST);
+		if (!is_free(api)) {
+			__s32 acted = act(caller_flags());
+
+			emit(FGPU_EV_OVER_BOUND, (__u32)api, id >> 32, (__u32)id,
+			     bpf_get_current_cgroup_id(), 0, a1, FGPU_DEVICE_CURRENT, acted, 0);
+		}
+		return 0;
+	}
+	if (is_free(api)) {
 		struct alloc_key key = { .tgid = id >> 32, .addr = a0 };
-		struct call_args *prev = bpf_map_lookup_elem(&call_args, &id);
 		struct alloc_val *v;
 
 		/* A second attachment (two agents during a restart): the first took the record. */
-		if (prev && prev->api == args.api && prev->a0 == a0 && prev->freed == FREE_TAKEN)
+		if (args->api == api && args->a0 == a0 && args->freed == FREE_TAKEN)
 			return 0;
+		args->api = api;
+		args->a0 = a0;
+		args->freed = FREE_UNSEEN;
 		v = bpf_map_lookup_elem(&allocs, &key);
-		args.freed = FREE_UNSEEN;
 		if (v) {
-			args.rec = *v;
+			/* Stored in the slot first, then taken out: never held by nobody. */
+			args->rec = *v;
 			if (bpf_map_delete_elem(&allocs, &key) == 0)
-				args.freed = FREE_TAKEN;
+				args->freed = FREE_TAKEN;
 		}
-		break;
+		return 0;
 	}
-	default:
-		break;
+	args->api = api;
+	args->a0 = a0;
+	args->a1 = a1;
+	args->a2 = a2;
+	args->a3 = a3;
+	args->freed = 0;
+	args->loc_type = 0;
+	args->loc_id = 0;
+	if (api == FGPU_API_CU_MEM_CREATE || api == FGPU_API_HIP_MEM_CREATE) {
+		__u32 loc[2] = {};
+
+		if (bpf_probe_read_user(loc, sizeof(loc),
+					(void *)(a2 + CU_MEM_PROP_LOCATION_TYPE_OFF)) == 0) {
+			args->loc_type = loc[0];
+			args->loc_id = loc[1];
+		}
 	}
-	bpf_map_update_elem(&call_args, &id, &args, BPF_ANY);
 	return 0;
+}
+
+/*
+ * cuMemAllocPitch's bytes: height rows of the pitch the driver wrote back, but never less
+ * than the width rounded up to FGPU_PITCH_ALIGN (a pitch rewritten by another thread, or
+ * unreadable, cannot shrink the charge) and not more than FGPU_PITCH_SLACK above that (a
+ * pitch rewritten huge cannot wrap the product).
+ */
+static __always_inline __u64 pitch_bytes(__u64 p_pitch, __u64 width, __u64 height)
+{
+	__u64 floor = (width + FGPU_PITCH_ALIGN - 1) & ~((__u64)FGPU_PITCH_ALIGN - 1);
+	__u64 pitch = 0;
+
+	if (bpf_probe_read_user(&pitch, sizeof(pitch), (void *)p_pitch) != 0 || pitch < floor ||
+	    pitch > floor + FGPU_PITCH_SLACK)
+		pitch = floor;
+	return pitch * height;
 }
 
 SEC("uretprobe")
@@ -534,15 +720,16 @@ int BPF_KRETPROBE(fgpu_leave, long ret)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id;
 	__s32 rc = (__s32)ret;
-	struct call_args *stored = bpf_map_lookup_elem(&call_args, &id);
+	struct call_args *stored = slot(0);
 	struct call_args a;
-	__u64 out = 0, size = 0, pitch = 0;
+	__u64 out = 0, size = 0;
 	__u32 device = FGPU_DEVICE_CURRENT;
+	int addr_ok;
 
-	if (!stored)
+	if (!stored || !stored->api)
 		return 0;
 	a = *stored;
-	bpf_map_delete_elem(&call_args, &id);
+	stored->api = 0; /* consumed: a second attachment's return finds nothing */
 	if (rc != 0) {
 		count(FGPU_CTR_FAILED_CALLS);
 		if (a.freed == FREE_TAKEN)
@@ -574,31 +761,33 @@ int BPF_KRETPROBE(fgpu_leave, long ret)
 		size = a.a1;
 		break;
 	case FGPU_API_CU_MEM_ALLOC_PITCH:
-		/* pitch × height: the driver pads each row. */
-		if (bpf_probe_read_user(&pitch, sizeof(pitch), (void *)a.a1) != 0)
-			return 0;
-		size = pitch * a.a3;
+		size = pitch_bytes(a.a1, a.a2, a.a3);
 		break;
 	case FGPU_API_CU_MEM_CREATE:
 	case FGPU_API_HIP_MEM_CREATE: {
 		__u32 loc[2] = {};
 
-		if (bpf_probe_read_user(loc, sizeof(loc),
-					(void *)(a.a2 + CU_MEM_PROP_LOCATION_TYPE_OFF)) != 0)
-			return 0;
-		if (loc[0] != CU_MEM_LOCATION_TYPE_DEVICE)
-			return 0; /* host or host-NUMA memory is not GPU memory */
-		device = loc[1];
+		/* Device memory if the properties said so before the driver read them or after. */
+		if (a.loc_type != CU_MEM_LOCATION_TYPE_DEVICE) {
+			if (bpf_probe_read_user(loc, sizeof(loc),
+						(void *)(a.a2 + CU_MEM_PROP_LOCATION_TYPE_OFF)) != 0 ||
+			    loc[0] != CU_MEM_LOCATION_TYPE_DEVICE)
+				return 0; /* host or host-NUMA memory is not GPU memory */
+			a.loc_id = loc[1];
+		}
+		device = a.loc_id < FGPU_MAX_DEVICES ? a.loc_id : FGPU_DEVICE_CURRENT;
 		size = a.a1;
 		break;
 	}
 	default:
 		return 0;
 	}
-	/* Every allocation entry point returns its pointer or handle through a0. */
-	if (bpf_probe_read_user(&out, sizeof(out), (void *)a.a0) != 0)
-		return 0;
-	charge(tgid, tid, out, size, device, a.api, rc);
+	/*
+	 * Every allocation entry point returns its pointer or handle through a0. What is read
+	 * there only names the record (charge() checks it); the bytes are charged regardless.
+	 */
+	addr_ok = bpf_probe_read_user(&out, sizeof(out), (void *)a.a0) == 0;
+	charge(tgid, tid, out, addr_ok, size, device, a.api, rc);
 	return 0;
 }
 
@@ -617,6 +806,7 @@ static long release_one(void *map, struct alloc_key *key, struct alloc_val *val,
 	tenant_add(val->tenant, -1, 0);
 	rctx->released += val->size;
 	bpf_map_delete_elem(map, key);
+	prune_if_gone(val->cgroup_id);
 	return 0;
 }
 
@@ -636,14 +826,15 @@ int fgpu_sched_exit(void *ctx)
 	 * stays charged while the process lives (released with it), and is credited if the
 	 * process was released already.
 	 */
-	left = bpf_map_lookup_elem(&call_args, &id);
-	if (left && left->freed == FREE_TAKEN) {
+	left = slot(0);
+	if (left && left->api && left->freed == FREE_TAKEN) {
 		if (bpf_map_lookup_elem(&procs, &tgid))
 			restore(tgid, left->a0, &left->rec);
 		else
 			credit_rec(tgid, (__u32)id, left->a0, (__u32)left->api, 0, &left->rec);
 	}
-	bpf_map_delete_elem(&call_args, &id);
+	if (left)
+		left->api = 0; /* the slot itself goes with the task */
 	if ((__u32)id != tgid)
 		return 0; /* not the thread-group leader */
 	p = bpf_map_lookup_elem(&procs, &tgid);
@@ -666,5 +857,44 @@ int fgpu_sched_exec(void *ctx)
 
 	emit(FGPU_EV_EXEC, 0, id >> 32, (__u32)id, bpf_get_current_cgroup_id(), 0, 0,
 	     FGPU_DEVICE_CURRENT, 0, 0);
+	return 0;
+}
+
+/* tracepoint cgroup/cgroup_rmdir (include/trace/events/cgroup.h, class `cgroup`). */
+struct cgroup_rmdir_args {
+	__u64 common;
+	int root;  /* hierarchy id: 0 is the v2 (default) hierarchy */
+	int level;
+	__u64 id;  /* cgroup id: the inode of its directory */
+	__u32 path_loc;
+};
+
+/*
+ * A cgroup was removed: prune its records now if its processes hold nothing (the usual case:
+ * a cgroup with live processes cannot be removed, and their exits released their bytes),
+ * else mark it so that the credit of its last byte prunes it (a process that moved out
+ * holding memory). Either way user space is told (FGPU_EV_CGROUP_GONE).
+ */
+SEC("tracepoint/cgroup/cgroup_rmdir")
+int fgpu_cgroup_rmdir(struct cgroup_rmdir_args *ctx)
+{
+	__u64 id = ctx->id, held = 0;
+	struct fgpu_cg_tree *tree;
+
+	if (ctx->root != 0)
+		return 0; /* a v1 hierarchy: not what the probes charge */
+	tree = bpf_map_lookup_elem(&cg_tree, &id);
+	if (tree)
+		__sync_fetch_and_add(&tree->gone, 1); /* marked before looking: see prune() */
+	if (!prune(id)) {
+		for (__u32 d = 0; d < FGPU_MAX_DEVICES; d++) {
+			struct fgpu_cg_key key = { .cgroup_id = id, .device = d };
+			struct fgpu_cg_usage *u = bpf_map_lookup_elem(&cg_usage, &key);
+
+			if (u)
+				held += u->bytes;
+		}
+	}
+	emit(FGPU_EV_CGROUP_GONE, 0, 0, 0, id, 0, held, FGPU_DEVICE_CURRENT, 0, 0);
 	return 0;
 }

@@ -17,6 +17,13 @@
 #define FGPU_EV_EXEC 4  /* a process called exec: it may map a driver library soon */
 #define FGPU_EV_OVER_LIMIT 5 /* an allocation took a limited cgroup (cgroup_id) past its limit */
 #define FGPU_EV_OVER_BOUND 6 /* a tenant (cgroup_id) past its bound on tracking entries */
+/*
+ * A cgroup v2 directory was removed (cgroup_id). size: bytes its own processes still held
+ * when it went (0: every record of it was pruned at once; else they are pruned when those
+ * bytes are credited). Emitted for every removal, GPU user or not, so that user space can
+ * forget what it cached about the cgroup without walking the hierarchy.
+ */
+#define FGPU_EV_CGROUP_GONE 7
 
 /* `result` of OVER_LIMIT and OVER_BOUND records: what the kernel did. */
 #define FGPU_ACT_REPORTED 0 /* report only (--on-exceed deny) */
@@ -49,6 +56,29 @@
 
 /* Device number used when the kernel cannot know the device (current context). */
 #define FGPU_DEVICE_CURRENT 0
+/*
+ * Devices a (cgroup, device) key can name: 0 .. FGPU_MAX_DEVICES - 1 (a cuMemCreate on a
+ * higher ordinal is charged to FGPU_DEVICE_CURRENT), so that a removed cgroup's keys can be
+ * pruned by trying each.
+ */
+#define FGPU_MAX_DEVICES 16
+
+/*
+ * Keys of `allocs` records whose address cannot be trusted (the output slot could not be
+ * read, read 0, or named an address the process still holds): FGPU_ADDR_SYNTH | a sequence
+ * number. Such a record is charged like any other and released with its process; no free
+ * names it. Device pointers and VMM handles never have this bit set.
+ */
+#define FGPU_ADDR_SYNTH (1ULL << 63)
+
+/*
+ * Row pitch the driver is assumed to round cuMemAllocPitch rows up to at least (bytes):
+ * the charge is max(pitch read back, width rounded up to this) x height, so that a pitch
+ * rewritten by another thread before the probe reads it cannot hide more than that.
+ */
+#define FGPU_PITCH_ALIGN 512
+/* A pitch read back more than this above the floor is not believed (the floor is charged). */
+#define FGPU_PITCH_SLACK (64 << 10)
 
 /* One record in the `events` ring buffer. 64 bytes. */
 struct fgpu_event {
@@ -113,6 +143,8 @@ struct fgpu_limit {
  */
 struct fgpu_cg_tree {
 	__u64 anc[FGPU_MAX_LEVELS];
+	__u64 counted; /* the tenant key whose `cgroups` counts this entry (0: the shared pool) */
+	__u64 gone;    /* non-zero once the cgroup was removed while its processes held bytes */
 };
 
 /*
@@ -126,9 +158,18 @@ struct fgpu_tenant {
 	__s64 allocs;     /* live entries in `allocs` */
 	__s64 procs;      /* live entries in `procs` */
 	__u64 over_bound; /* allocations refused tracking because a bound was reached */
+	__s64 cgroups;    /* live entries in `cg_tree` counted against this tenant */
 };
 #define FGPU_TENANT_MAX_ALLOCS 16384
 #define FGPU_TENANT_MAX_PROCS 1024
+/*
+ * Cgroups tracked (entries of `cg_tree`, and with them of `cg_usage` and `tree_usage`) per
+ * limited tenant, counted in its `tenants` entry; cgroups with no limited ancestor share the
+ * pool counted in the `tenants` entry of key 0. A cgroup removed is pruned from every map
+ * (tracepoint cgroup/cgroup_rmdir), so these bound what is alive, not what was ever seen.
+ */
+#define FGPU_TENANT_MAX_CGROUPS 1024
+#define FGPU_POOL_MAX_CGROUPS 32768
 
 /* Indexes into the `counters` array map. */
 #define FGPU_CTR_RINGBUF_DROPS 0 /* events that did not fit in the ring buffer */
@@ -138,6 +179,9 @@ struct fgpu_tenant {
 #define FGPU_CTR_OVER_LIMIT 4    /* allocations that took a limited cgroup past its limit */
 #define FGPU_CTR_KILLED 5        /* of those (and OVER_BOUND), processes the kernel SIGKILLed */
 #define FGPU_CTR_OVER_BOUND 6    /* allocations past their tenant's tracking bound */
-#define FGPU_CTR_MAX 8
+#define FGPU_CTR_ARGS_LOST 7     /* probed calls whose arguments could not be stored */
+#define FGPU_CTR_ADDR_UNTRUSTED 8 /* allocations charged under FGPU_ADDR_SYNTH keys */
+#define FGPU_CTR_CGROUPS_PRUNED 9 /* removed cgroups whose records were all pruned */
+#define FGPU_CTR_MAX 16
 
 #endif /* FGPU_H */
