@@ -62,10 +62,7 @@ impl CgroupNames {
         if self.handles {
             return None; // the kernel says there is no such cgroup
         }
-        if self
-            .last_rescan
-            .is_none_or(|t| t.elapsed() >= RESCAN_EVERY)
-        {
+        if self.last_rescan.is_none_or(|t| t.elapsed() >= RESCAN_EVERY) {
             self.rescan();
         }
         self.paths.get(&id).cloned()
@@ -185,7 +182,11 @@ mod tests {
             "kept after removal"
         );
         names.forget(ino);
-        assert_eq!(names.path_of(ino), None, "forgotten once the kernel says it went");
+        assert_eq!(
+            names.path_of(ino),
+            None,
+            "forgotten once the kernel says it went"
+        );
     }
 
     /// On the real cgroup2 hierarchy (root only): an id is named by its handle alone, a new

@@ -9,9 +9,7 @@ use anyhow::{Context, Result};
 use aya::Ebpf;
 use aya::Pod;
 use aya::maps::{Array, HashMap, MapData};
-use fgpu_common::event::{
-    CgroupKey, CgroupTree, CgroupUsage, KernelLimit, ProcUsage, counter,
-};
+use fgpu_common::event::{CgroupKey, CgroupTree, CgroupUsage, KernelLimit, ProcUsage, counter};
 
 use crate::status::KernelCounters;
 

@@ -327,6 +327,14 @@ impl Load {
         format!("{status}; the kernel's last lines: {tail:?}")
     }
 
+    /// Writes one line to the program's stdin (a go-ahead).
+    pub fn send_line(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("stdin still open");
+        writeln!(stdin, "{line}").expect("writing to the program's stdin");
+        stdin.flush().expect("flushing the program's stdin");
+    }
+
     /// Ends `hold` by closing stdin, without waiting (several loads start together).
     pub fn release(&mut self) {
         drop(self.child.stdin.take());
