@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# H200 check of the kernel side against a hostile bypasser (issue 30, attacks 4 and 5) on the
+# real libcuda. From the bundle's parent folder:   OUT=/some/dir bash bundle/tests/gpu/trust_kernel.sh
+# The attacker is fgpu-agent/tests/hostile/hostile.c, built on the build machine into
+# bundle/tests/gpu/hostile (HOSTILE=... overrides; cc builds it here if it is missing).
+# "Containers": cgroup v2 + own PID namespace with its own /proc (no hostPID), no shim.
+#   race-ptr    a second thread rewrites cuMemAlloc_v2's output slot back to a held address:
+#               64 MiB allocations in a 1 GiB cgroup, killed at the 17th (16 fit)
+#   race-pitch  a second thread rewrites cuMemAllocPitch_v2's pitch to 0: 64 MiB each, the same
+#   cg-bound    1100 child cgroups, 1 MiB allocated and freed in each: killed at the 1025th
+#   cg-churn    5000 cgroups come and go (one in ten removed while still holding): all pruned,
+#               nothing left charged, admin status < 100 ms throughout
+# Every worker runs under `timeout`; details under $OUT; a short table last.
+set -u
+. "$(dirname "$0")/env.sh" # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
+WORK=$(mktemp -d /tmp/fgpu-tk.XXXX)
+SOCK=$WORK/run/fgpu.sock
+ADMIN=$WORK/admin/fgpu.sock
+CG=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)
+HOSTILE=${HOSTILE:-$HERE/hostile}
+T=${T:-120}
+mkdir -p "$OUT"
+declare -a ROWS
+row() { ROWS+=("$*"); echo "$*"; }
+agent_pid=""
+NAMES=(fgpu-tk-ptr fgpu-tk-pitch fgpu-tk-bound fgpu-tk-churn)
+cleanup() {
+  [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
+  rm -rf /sys/fs/bpf/fgpu-tk
+  for n in "${NAMES[@]}"; do
+    [ -d "$CG/$n" ] || continue
+    find "$CG/$n" -mindepth 1 -depth -type d -exec sh -c 'echo 1 > "$1/cgroup.kill"' _ {} \; 2>/dev/null
+    echo 1 > "$CG/$n/cgroup.kill"; sleep 0.3
+    find "$CG/$n" -mindepth 1 -depth -type d -exec rmdir {} \; 2>/dev/null
+    rmdir "$CG/$n" 2>/dev/null
+  done
+}
+trap cleanup EXIT
+if [ ! -x "$HOSTILE" ]; then
+  cc -O1 -o "$WORK/hostile" "$HERE/hostile.c" -ldl -lpthread 2>"$OUT/cc.log" && HOSTILE=$WORK/hostile
+fi
+[ -x "$HOSTILE" ] || { echo "no hostile binary ($HOSTILE) and no cc"; exit 1; }
+
+"$FGPU" agent --socket "$SOCK" --admin-socket "$ADMIN" ${FGPU_AGENT_ARGS:---libcuda $LIBCUDA} \
+  --bpf-dir /sys/fs/bpf/fgpu-tk --state-dir "$WORK/state" --log info > "$OUT/agent.log" 2>&1 &
+agent_pid=$!
+for _ in $(seq 100); do [ -S "$ADMIN" ] && break; sleep 0.1; done
+[ -S "$ADMIN" ] || { echo "agent did not start"; cat "$OUT/agent.log"; exit 1; }
+fgpu() { "$FGPU" "$@" --socket "$ADMIN"; }
+for n in "${NAMES[@]}"; do mkdir -p "$CG/$n"; fgpu limit set "/$n" --memory 1GiB > /dev/null; done
+
+hostile() { # CGROUP LOG ARGS...: the attacker in CGROUP, own PID namespace; prints exit=
+  local n=$1 log=$2; shift 2
+  timeout -k 5 "$T" sh -c "echo \$\$ > $CG/$n/cgroup.procs; exec unshare --pid --fork --mount-proc --kill-child sh -c '\"\$0\" \"\$@\"; echo exit=\$?' \"\$@\"" sh "$HOSTILE" "$@" > "$log" 2>&1
+}
+oks() { grep -c "^$2 [0-9]* ok$" "$1"; }
+rc_of() { sed -n 's/^exit=//p' "$1" | tail -1; }
+verdict() { [ "$1" = "$2" ] && echo PASS || echo FAIL; }
+counter() { fgpu status --json --detail | python3 -c "import json,sys; print(json.load(sys.stdin)['counters'].get('$1', 0))"; }
+
+hostile fgpu-tk-ptr "$OUT/race_ptr.log" race-ptr 67108864 40
+n=$(oks "$OUT/race_ptr.log" alloc); rc=$(rc_of "$OUT/race_ptr.log")
+row "race-ptr   | killed at the 17th, 16 held | exit=$rc held=$n | $(verdict "$rc/$n" 137/16)"
+hostile fgpu-tk-pitch "$OUT/race_pitch.log" race-pitch 65536 1024 40
+n=$(oks "$OUT/race_pitch.log" alloc); rc=$(rc_of "$OUT/race_pitch.log")
+row "race-pitch | killed at the 17th, 16 held | exit=$rc held=$n | $(verdict "$rc/$n" 137/16)"
+row "untrusted addresses charged under keys of their own: $(counter addr_untrusted)"
+
+t0=$(date +%s.%N)
+hostile fgpu-tk-bound "$OUT/cg_bound.log" churn "$CG/fgpu-tk-bound" 1100 1048576 keep
+n=$(oks "$OUT/cg_bound.log" cgroup); rc=$(rc_of "$OUT/cg_bound.log")
+row "cg-bound   | killed at the 1025th cgroup | exit=$rc cgroups=$n ($(python3 -c "print(round($(date +%s.%N)-$t0,1))") s) | $(verdict "$rc/$n" 137/1024)"
+
+hostile fgpu-tk-churn "$OUT/cg_churn.log" churn "$CG/fgpu-tk-churn" 5000 1048576 hold-every 10 &
+churn_pid=$!
+worst=0
+while kill -0 $churn_pid 2>/dev/null; do
+  a=$(date +%s%N); "$FGPU" status --socket "$ADMIN" > /dev/null; b=$(date +%s%N)
+  ms=$(( (b - a) / 1000000 )); [ "$ms" -gt "$worst" ] && worst=$ms
+  sleep 0.2
+done
+wait $churn_pid
+pruned=$(counter cgroups_pruned)
+last=$(tail -2 "$OUT/cg_churn.log" | head -1)
+used=$(fgpu status --json | python3 -c "import json,sys; print(sum(e.get('memory_used_bytes',0) for e in json.load(sys.stdin) if e['cgroup']=='/fgpu-tk-churn'))")
+row "cg-churn   | churned 5000, pruned >= 5000, 0 B left, status < 100 ms | $last, pruned=$pruned, used=$used B, worst status ${worst} ms | $( [ "$last" = "churned 5000" ] && [ "$pruned" -ge 5000 ] && [ "$used" = 0 ] && [ "$worst" -lt 100 ] && echo PASS || echo FAIL)"
+fgpu status --detail > "$OUT/status.txt" 2>&1
+echo
+echo "scenario   | expected | measured | verdict"
+printf '%s\n' "${ROWS[@]}"
