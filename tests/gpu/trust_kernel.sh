@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# H200 check of the kernel side against a hostile bypasser (issue 30, attacks 4 and 5) on the
-# real libcuda. From the bundle's parent folder:   OUT=/some/dir bash bundle/tests/gpu/trust_kernel.sh
+# H200 check of the kernel side against a hostile bypasser (issue 30, attacks 1, 4 and 5) on
+# the real libcuda. From the bundle's parent folder:   OUT=/some/dir bash bundle/tests/gpu/trust_kernel.sh
 # The attacker is fgpu-agent/tests/hostile/hostile.c, built on the build machine into
 # bundle/tests/gpu/hostile (HOSTILE=... overrides; cc builds it here if it is missing).
 # "Containers": cgroup v2 + own PID namespace with its own /proc (no hostPID), no shim.
+#   block-free  64 threads in cuMemFree_v2 behind a 5 s kernel while the main thread allocates
+#               256 MiB at a time in a 4 GiB cgroup: killed at the crossing allocation; how long
+#               a real free blocks, and whether allocations wait for it
 #   race-ptr    a second thread rewrites cuMemAlloc_v2's output slot back to a held address:
 #               64 MiB allocations in a 1 GiB cgroup, killed at the 17th (16 fit)
 #   race-pitch  a second thread rewrites cuMemAllocPitch_v2's pitch to 0: 64 MiB each, the same
@@ -23,7 +26,7 @@ mkdir -p "$OUT"
 declare -a ROWS
 row() { ROWS+=("$*"); echo "$*"; }
 agent_pid=""
-NAMES=(fgpu-tk-ptr fgpu-tk-pitch fgpu-tk-bound fgpu-tk-churn)
+NAMES=(fgpu-tk-block fgpu-tk-ptr fgpu-tk-pitch fgpu-tk-bound fgpu-tk-churn)
 cleanup() {
   [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
   rm -rf /sys/fs/bpf/fgpu-tk
@@ -48,6 +51,7 @@ for _ in $(seq 100); do [ -S "$ADMIN" ] && break; sleep 0.1; done
 [ -S "$ADMIN" ] || { echo "agent did not start"; cat "$OUT/agent.log"; exit 1; }
 fgpu() { "$FGPU" "$@" --socket "$ADMIN"; }
 for n in "${NAMES[@]}"; do mkdir -p "$CG/$n"; fgpu limit set "/$n" --memory 1GiB > /dev/null; done
+fgpu limit set /fgpu-tk-block --memory 4GiB > /dev/null
 
 hostile() { # CGROUP LOG ARGS...: the attacker in CGROUP, own PID namespace; prints exit=
   local n=$1 log=$2; shift 2
@@ -58,6 +62,14 @@ rc_of() { sed -n 's/^exit=//p' "$1" | tail -1; }
 verdict() { [ "$1" = "$2" ] && echo PASS || echo FAIL; }
 counter() { fgpu status --json --detail | python3 -c "import json,sys; print(json.load(sys.stdin)['counters'].get('$1', 0))"; }
 
+# 64 x 1 MiB freed on 64 threads behind a 5 s kernel while 256 MiB allocations go on: with the
+# 64 MiB still charged (frees blocked) the 16th crosses 4 GiB (15 done); 16 done if the frees
+# had returned first.
+hostile fgpu-tk-block "$OUT/block_free.log" block-free 64 5000 268435456 24
+n=$(grep -c "^alloc [0-9]* done" "$OUT/block_free.log"); rc=$(rc_of "$OUT/block_free.log")
+frees=$(grep "^free " "$OUT/block_free.log" | sed 's/.*took_ms=//' | sort -n | awk '{a[NR]=$1} END {if (NR) print "min " a[1] " median " a[int((NR+1)/2)] " max " a[NR] " ms"; else print "none returned before the kill"}')
+last=$(grep "^alloc " "$OUT/block_free.log" | tail -1)
+row "block-free | killed at the crossing (15 or 16 done) | exit=$rc done=$n; last: $last; frees: $frees | $( [ "$rc" = 137 ] && { [ "$n" = 15 ] || [ "$n" = 16 ]; } && echo PASS || echo FAIL)"
 hostile fgpu-tk-ptr "$OUT/race_ptr.log" race-ptr 67108864 40
 n=$(oks "$OUT/race_ptr.log" alloc); rc=$(rc_of "$OUT/race_ptr.log")
 row "race-ptr   | killed at the 17th, 16 held | exit=$rc held=$n | $(verdict "$rc/$n" 137/16)"

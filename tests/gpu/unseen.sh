@@ -39,9 +39,11 @@ for n in honest lmem arrays; do
   "$FGPU" limit set "/fgpu-unseen-$n" --memory 4GiB --socket "$ADMIN"
 done
 
-in_container() { # NAME CMD...: run CMD in cgroup fgpu-unseen-NAME and a new PID namespace
-  local n=$1; shift
-  sh -c "echo \$\$ > $CG/fgpu-unseen-$n/cgroup.procs; exec unshare --pid --fork --mount-proc \"\$@\"" sh "$@"
+in_container() { # SECONDS NAME CMD...: CMD in cgroup fgpu-unseen-NAME and a new PID namespace,
+  # under `timeout` (which cannot run a shell function itself: on its first H200 run every
+  # worker failed with "failed to run command 'in_container'")
+  local secs=$1 n=$2; shift 2
+  timeout -k 5 "$secs" sh -c "echo \$\$ > $CG/fgpu-unseen-$n/cgroup.procs; exec unshare --pid --fork --mount-proc \"\$@\"" sh "$@"
 }
 driver_mib() { # NAME: what nvidia-smi counts for the cgroup's processes, MiB
   local pids total=0
@@ -54,8 +56,8 @@ driver_mib() { # NAME: what nvidia-smi counts for the cgroup's processes, MiB
 json() { "$PY" -c "import json,sys; d=json.load(open('$WORK/$1.json')); print(d.get('$2', '$3'))" 2>/dev/null || echo "$3"; }
 
 # 1. The honest tenant first, alone, until it trains at its largest batch.
-FGPU_WORK=$WORK LD_PRELOAD=$SHIM FGPU_SOCKET=$SOCK timeout -k 5 120 \
-  in_container honest "$PY" "$HERE/unseen_workload.py" honest honest > "$OUT/honest.log" 2>&1 &
+FGPU_WORK=$WORK LD_PRELOAD=$SHIM FGPU_SOCKET=$SOCK \
+  in_container 120 honest "$PY" "$HERE/unseen_workload.py" honest honest > "$OUT/honest.log" 2>&1 &
 honest_pid=$!
 for _ in $(seq 900); do [ -f "$WORK/honest.json" ] && break; sleep 0.1; done
 peak=0
@@ -66,7 +68,7 @@ done
 # 2. The two without the shim, one after the other, each timed from its memory being held.
 for n in lmem arrays; do
   t0=$(date +%s.%N)
-  FGPU_WORK=$WORK timeout -k 5 60 in_container "$n" "$PY" "$HERE/unseen_workload.py" "$n" "$n" 6 > "$OUT/$n.log" 2>&1
+  FGPU_WORK=$WORK in_container 60 "$n" "$PY" "$HERE/unseen_workload.py" "$n" "$n" 6 > "$OUT/$n.log" 2>&1
   rc=$?
   t1=$(date +%s.%N)
   held_at=$(json "$n" held_at 0)

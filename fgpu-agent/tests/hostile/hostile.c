@@ -8,6 +8,10 @@
  *       THREADS threads call cuMemFree_v2 on addresses nobody holds and stay inside it (the
  *       simulator's FGPU_SIM_FREE_DELAY_MS stands in for a free that waits on work); prints
  *       "parked THREADS", waits for a line on stdin, then allocates CHUNK bytes COUNT times.
+ *   hostile block-free THREADS MS CHUNK COUNT
+ *       allocates THREADS x 1 MiB, launches a kernel that spins MS ms, has THREADS threads
+ *       free one each (a real cuMemFree waits for the device), and meanwhile allocates CHUNK
+ *       COUNT times, printing when each returned; then how long each free took.
  *   hostile race-ptr CHUNK COUNT
  *       allocates once, then COUNT times more while a second thread rewrites the output slot
  *       back to the first allocation's address as soon as the driver writes a new one.
@@ -32,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int (*init_fn)(unsigned);
@@ -41,11 +46,16 @@ typedef int (*set_current_fn)(void *);
 typedef int (*alloc_fn)(uint64_t *, size_t);
 typedef int (*pitch_fn)(uint64_t *, size_t *, size_t, size_t, unsigned);
 typedef int (*free_fn)(uint64_t);
+typedef int (*module_load_fn)(void **, const void *);
+typedef int (*get_function_fn)(void **, void *, const char *);
+typedef int (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+			 unsigned, void *, void **, void **);
 
 static alloc_fn mem_alloc;
 static pitch_fn mem_alloc_pitch;
 static free_fn mem_free;
-static void *ctx;
+static set_current_fn set_current_ctx;
+static void *ctx, *lib_handle;
 
 static void *sym(void *lib, const char *name)
 {
@@ -75,6 +85,8 @@ static void open_driver(void)
 	dev_get = (dev_get_fn)sym(lib, "cuDeviceGet");
 	retain = (retain_fn)sym(lib, "cuDevicePrimaryCtxRetain");
 	set_current = (set_current_fn)sym(lib, "cuCtxSetCurrent");
+	set_current_ctx = set_current;
+	lib_handle = lib;
 	mem_alloc = (alloc_fn)sym(lib, "cuMemAlloc_v2");
 	mem_alloc_pitch = (pitch_fn)sym(lib, "cuMemAllocPitch_v2");
 	mem_free = (free_fn)sym(lib, "cuMemFree_v2");
@@ -143,6 +155,86 @@ static int park(long threads, size_t chunk, long count)
 	if (!fgets(line, sizeof(line), stdin))
 		return 1;
 	allocate(count, chunk);
+	say("done");
+	return 0;
+}
+
+/* ---- frees blocked behind a long kernel (the real driver) ---- */
+
+/* A kernel that spins for `ns` nanoseconds of the GPU's global timer. */
+static const char SPIN_PTX[] =
+	".version 7.0\n.target sm_70\n.address_size 64\n"
+	".visible .entry spin(.param .u64 ns)\n{\n"
+	"  .reg .u64 %t0, %t1, %d, %n;\n  .reg .pred %p;\n"
+	"  ld.param.u64 %n, [ns];\n  mov.u64 %t0, %globaltimer;\n"
+	"L: mov.u64 %t1, %globaltimer;\n  sub.u64 %d, %t1, %t0;\n"
+	"  setp.lt.u64 %p, %d, %n;\n  @%p bra L;\n  ret;\n}\n";
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+struct timed_free {
+	uint64_t ptr, t0, took;
+	int rc;
+};
+
+static void *blocked_free(void *arg)
+{
+	struct timed_free *f = arg;
+
+	set_current_ctx(ctx);
+	f->t0 = now_ns();
+	f->rc = mem_free(f->ptr);
+	f->took = now_ns() - f->t0;
+	return NULL;
+}
+
+static int block_free(long threads, long ms, size_t chunk, long count)
+{
+	module_load_fn load = (module_load_fn)sym(lib_handle, "cuModuleLoadData");
+	get_function_fn get = (get_function_fn)sym(lib_handle, "cuModuleGetFunction");
+	launch_fn launch = (launch_fn)sym(lib_handle, "cuLaunchKernel");
+	struct timed_free *f = calloc((size_t)threads, sizeof(*f));
+	pthread_t *t = calloc((size_t)threads, sizeof(*t));
+	uint64_t ns = (uint64_t)ms * 1000000ULL, t0;
+	void *mod = NULL, *fn = NULL, *params[] = { &ns };
+	int rc;
+
+	for (long i = 0; i < threads; i++)
+		if (mem_alloc(&f[i].ptr, 1 << 20)) {
+			say("error small alloc %ld", i);
+			return 1;
+		}
+	rc = load(&mod, SPIN_PTX);
+	if (!rc)
+		rc = get(&fn, mod, "spin");
+	if (!rc)
+		rc = launch(fn, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+	if (rc) {
+		say("kernel unavailable rc=%d", rc);
+		return 3;
+	}
+	t0 = now_ns();
+	say("kernel launched ms=%ld", ms);
+	for (long i = 0; i < threads; i++)
+		pthread_create(&t[i], NULL, blocked_free, &f[i]);
+	usleep(200 * 1000); /* the frees are in flight (blocked if the driver waits) */
+	for (long i = 0; i < count; i++) {
+		uint64_t p = 0, a = now_ns();
+		int r = mem_alloc(&p, chunk);
+
+		say("alloc %ld %s after_ms=%.1f took_ms=%.1f", i, r ? "failed" : "done",
+		    (double)(now_ns() - t0) / 1e6, (double)(now_ns() - a) / 1e6);
+	}
+	for (long i = 0; i < threads; i++)
+		pthread_join(t[i], NULL);
+	for (long i = 0; i < threads; i++)
+		say("free %ld rc=%d took_ms=%.1f", i, f[i].rc, (double)f[i].took / 1e6);
 	say("done");
 	return 0;
 }
@@ -293,6 +385,9 @@ int main(int argc, char **argv)
 	open_driver();
 	if (!strcmp(argv[1], "park") && argc == 5)
 		return park(atol(argv[2]), strtoull(argv[3], NULL, 0), atol(argv[4]));
+	if (!strcmp(argv[1], "block-free") && argc == 6)
+		return block_free(atol(argv[2]), atol(argv[3]), strtoull(argv[4], NULL, 0),
+				  atol(argv[5]));
 	if (!strcmp(argv[1], "race-ptr") && argc == 4)
 		return race_ptr(strtoull(argv[2], NULL, 0), atol(argv[3]));
 	if (!strcmp(argv[1], "race-pitch") && argc == 5)
