@@ -120,7 +120,7 @@ impl Budget {
         let mine = per.entry(key.to_string()).or_insert(0);
         if *mine >= self.max_per {
             return Err(format!(
-                "too many connections from {key}: at most {} at once per caller",
+                "too many connections from {key}: at most {} at once per tenant",
                 self.max_per
             ));
         }
@@ -190,7 +190,7 @@ mod tests {
         let _a2 = b.admit("/a").unwrap();
         assert_eq!(
             b.admit("/a").unwrap_err(),
-            "too many connections from /a: at most 2 at once per caller"
+            "too many connections from /a: at most 2 at once per tenant"
         );
         let _b1 = b.admit("/b").unwrap();
         assert!(

@@ -4,6 +4,7 @@
 //! driver libraries ([`discovery`], [`probes`]), then serve the control socket
 //! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
 
+mod adopt;
 mod backstop;
 mod bound;
 mod budget;
@@ -34,8 +35,10 @@ mod report;
 mod request;
 mod scm;
 mod server;
+mod shims;
 mod smi;
 mod targets;
+mod tenant;
 mod unseen;
 mod watcher;
 
