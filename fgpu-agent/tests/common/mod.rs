@@ -494,3 +494,31 @@ pub fn sim_node(gpus: u32) -> (SimState, Agent) {
     }
     (state, Agent::start())
 }
+
+/// One `StatusRequest` on the admin socket, in-process: (milliseconds, rows).
+pub fn status_round_trip(admin: &Path) -> (f64, usize) {
+    use std::io::{Read, Write};
+    let start = Instant::now();
+    let mut s =
+        std::os::unix::net::UnixStream::connect(admin).expect("connecting to the admin socket");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = bytes::BytesMut::new();
+    fgpu_common::proto::Frame::new(fgpu_common::proto::Kind::StatusRequest, bytes::Bytes::new())
+        .encode(&mut out)
+        .unwrap();
+    s.write_all(&out).unwrap();
+    let mut buf = bytes::BytesMut::new();
+    let mut chunk = [0u8; 65536];
+    let frame = loop {
+        if let Some(f) = fgpu_common::proto::Frame::decode(&mut buf).unwrap() {
+            break f;
+        }
+        let n = s.read(&mut chunk).expect("reading the status reply");
+        assert!(n > 0, "the agent closed the admin connection");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    assert_eq!(frame.kind, fgpu_common::proto::Kind::StatusReply);
+    let report: serde_json::Value = serde_json::from_slice(&frame.payload).unwrap();
+    (ms, report["cgroups"].as_array().unwrap().len())
+}
