@@ -1,8 +1,10 @@
 //! The agent's sockets: one request frame in, one reply frame out, per connection turn.
 //!
 //! Two doors ([`Door`]) share this code: the containers' socket and the admin socket. Each
-//! connection is identified once ([`Caller`]), admitted against the door's connection caps,
-//! and bounded in frame size, descriptors and time ([`Limits`]). Control requests are
+//! connection is identified once ([`Caller`]: everything said about the caller later goes by
+//! that identity and its pidfd, never by its PID again), admitted against the door's
+//! connection caps (per tenant, [`super::tenant`]), allowed one Hello, and bounded in frame
+//! size, descriptors and time ([`Limits`]). Control requests are
 //! answered on the blocking pool, a few at a time per door, so that they never hold up the
 //! kernel-event path that shares this thread.
 
@@ -246,7 +248,8 @@ impl Conn {
                                     caller_cgroup = caller.cgroup_or_dash(),
                                     "closing a shim's connection: {PEER_EXITED}"
                                 );
-                                let _ = self.send(&stream, Frame::new(Kind::Error, PEER_EXITED)).await;
+                                let bye = Frame::new(Kind::Error, PEER_EXITED);
+                                let _ = self.send(&stream, bye).await;
                                 return Ok(());
                             }
                         }
