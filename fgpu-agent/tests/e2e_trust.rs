@@ -6,15 +6,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use common::{Agent, Cgroup, Load, SimState, fgpu, lines_now, ok, privileged, unique};
-use fgpu_common::proto::{Frame, Kind};
+use common::{
+    Agent, Cgroup, Load, SimState, fgpu, lines_now, ok, privileged, status_round_trip, unique,
+};
 
 /// What the containers' socket says to anything but Hello and the caller's own status.
 const CONTAINERS_REFUSAL: &str = "permission denied: the containers' socket answers Hello and \
@@ -339,32 +337,6 @@ print(json.dumps({"kind": kind, "fds": len(fds), "cgroup": msg[20:].decode(error
 sys.stdin.read()
 "#;
 
-/// One `StatusRequest` on the admin socket, in-process: (milliseconds, rows).
-fn status_round_trip(admin: &Path) -> (f64, usize) {
-    let start = Instant::now();
-    let mut s = UnixStream::connect(admin).expect("connecting to the admin socket");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let mut out = BytesMut::new();
-    Frame::new(Kind::StatusRequest, Bytes::new())
-        .encode(&mut out)
-        .unwrap();
-    s.write_all(&out).unwrap();
-    let mut buf = BytesMut::new();
-    let mut chunk = [0u8; 65536];
-    let frame = loop {
-        if let Some(f) = Frame::decode(&mut buf).unwrap() {
-            break f;
-        }
-        let n = s.read(&mut chunk).expect("reading the status reply");
-        assert!(n > 0, "the agent closed the admin connection");
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let ms = start.elapsed().as_secs_f64() * 1e3;
-    assert_eq!(frame.kind, Kind::StatusReply);
-    let report: serde_json::Value = serde_json::from_slice(&frame.payload).unwrap();
-    (ms, report["cgroups"].as_array().unwrap().len())
-}
-
 fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
@@ -462,7 +434,7 @@ fn privileged_floods_leave_the_agent_answering_the_host_within_100ms_and_admitti
     assert_eq!(
         conns["refusals"],
         serde_json::json!([format!(
-            "error: too many connections from {}: at most 256 at once per caller",
+            "error: too many connections from {}: at most 256 at once per tenant",
             cgroups[0].path
         )]),
         "{conns}"

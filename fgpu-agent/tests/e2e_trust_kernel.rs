@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Agent, Cgroup, Load, SimState, exit_status, ok, privileged, spawn_bypass, unique};
+use common::{
+    Agent, Cgroup, Load, SimState, exit_status, ok, privileged, spawn_bypass, status_round_trip,
+    unique,
+};
 
 const MIB: u64 = 1 << 20;
 

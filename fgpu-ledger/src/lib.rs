@@ -13,8 +13,8 @@ mod slots;
 
 pub use map::{Mapping, map_agent, map_shim, remap_limits, unmap_shim};
 pub use memfd::{
-    LIMITS_SEALS, USAGE_SEALS, check_limits, check_usage, create_limits, create_usage, file_len,
-    seal_limits, seals,
+    LIMITS_SEALS, USAGE_NAME, USAGE_SEALS, check_limits, check_usage, create_limits, create_usage,
+    file_len, seal_limits, seals, usage_name, usage_tag, usage_tag_of,
 };
 pub use slots::{claim_slot, lock_slot, reclaim_dead, slot_free, unlock_slot};
 

@@ -15,6 +15,43 @@ pub const LIMITS_SEALS: i32 =
 /// further seals (a write seal would lock the agent out of a restart's fresh mapping).
 pub const USAGE_SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
 
+/// The name every usage memfd starts with (`/memfd:fgpu-usage...` in `/proc/PID/fd`).
+pub const USAGE_NAME: &str = "fgpu-usage";
+
+/// The memfd name of cgroup `cgroup_id`'s usage part: `fgpu-usage:<cgroup id>`. The tag says
+/// which cgroup's ledger a page belongs to, so that a page found in `/proc` or offered in a
+/// Hello is adopted only by the ledger it was made for ([`usage_tag`]).
+pub fn usage_name(cgroup_id: u64) -> std::ffi::CString {
+    std::ffi::CString::new(format!("{USAGE_NAME}:{cgroup_id}"))
+        .expect("a name of digits has no NUL")
+}
+
+/// What a `/proc/PID/fd` link target says of a usage memfd: `None` if it is not one at all
+/// (no `/memfd:fgpu-usage` prefix), `Some(None)` for a usage memfd without a well-formed tag
+/// (an older agent's, or a forgery), `Some(Some(id))` for one tagged with cgroup `id`.
+/// The name is the creator's word only: the tag keeps a page from being adopted for another
+/// cgroup than the one it was made for, it does not prove the creator.
+pub fn usage_tag(link_target: &str) -> Option<Option<u64>> {
+    let rest = link_target
+        .strip_prefix("/memfd:")?
+        .strip_prefix(USAGE_NAME)?;
+    let rest = rest.strip_suffix(" (deleted)").unwrap_or(rest);
+    if !rest.is_empty() && !rest.starts_with(':') {
+        return None; // another name that merely starts the same way
+    }
+    Some(
+        rest.strip_prefix(':')
+            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|t| t.parse().ok()),
+    )
+}
+
+/// [`usage_tag`] of one of this process's descriptors (`/proc/self/fd/N`).
+pub fn usage_tag_of(fd: RawFd) -> Option<Option<u64>> {
+    let target = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+    usage_tag(&target.to_string_lossy())
+}
+
 fn memfd(name: &std::ffi::CStr, len: usize) -> Result<OwnedFd, Error> {
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: valid NUL-terminated name; the returned descriptor is ours.
@@ -50,9 +87,10 @@ pub fn seal_limits(fd: RawFd) -> Result<(), Error> {
     add_seals(fd, LIMITS_SEALS, "sealing the limits memfd")
 }
 
-/// A fresh usage part, sized and sealed ([`USAGE_SEALS`]).
-pub fn create_usage() -> Result<OwnedFd, Error> {
-    let fd = memfd(c"fgpu-usage", USAGE_SIZE)?;
+/// A fresh usage part of cgroup `cgroup_id`'s ledger, named for it ([`usage_name`]), sized
+/// and sealed ([`USAGE_SEALS`]).
+pub fn create_usage(cgroup_id: u64) -> Result<OwnedFd, Error> {
+    let fd = memfd(&usage_name(cgroup_id), USAGE_SIZE)?;
     add_seals(fd.as_raw_fd(), USAGE_SEALS, "sealing the usage memfd")?;
     Ok(fd)
 }

@@ -6,7 +6,7 @@ use super::*;
 
 #[test]
 fn a_fresh_usage_memfd_cannot_be_resized_or_resealed() {
-    let fd = create_usage().unwrap();
+    let fd = create_usage(7).unwrap();
     let raw = fd.as_raw_fd();
     assert_eq!(check_usage(raw), Ok(()));
     // SAFETY: ftruncate / fcntl on our own descriptor; both must be refused.
@@ -66,7 +66,7 @@ fn an_unsealed_or_resized_memfd_is_not_adopted() {
 #[test]
 fn shims_map_the_limits_page_read_only() {
     let limits = create_limits().unwrap();
-    let usage = create_usage().unwrap();
+    let usage = create_usage(7).unwrap();
     let agent = map_agent(limits.as_raw_fd(), usage.as_raw_fd()).unwrap();
     agent.ledger().init();
     seal_limits(limits.as_raw_fd()).unwrap();
@@ -97,7 +97,7 @@ fn shims_map_the_limits_page_read_only() {
 #[test]
 fn slots_are_claimed_once_and_reclaimed_after_their_owner() {
     let limits = create_limits().unwrap();
-    let usage = create_usage().unwrap();
+    let usage = create_usage(7).unwrap();
     let m = map_agent(limits.as_raw_fd(), usage.as_raw_fd()).unwrap();
     let l = m.ledger();
     l.init();
@@ -133,4 +133,33 @@ fn slots_are_claimed_once_and_reclaimed_after_their_owner() {
     assert_eq!(seen, vec![(sa, 1000)]);
     assert_eq!(l.used(0), 0);
     assert!(!l.slot_compute_in_use(sa), "its compute state goes too");
+}
+
+#[test]
+fn usage_memfds_are_tagged_with_their_cgroup() {
+    let fd = create_usage(4242).unwrap();
+    assert_eq!(usage_tag_of(fd.as_raw_fd()), Some(Some(4242)));
+    assert_eq!(usage_tag("/memfd:fgpu-usage:17 (deleted)"), Some(Some(17)));
+    assert_eq!(
+        usage_tag("/memfd:fgpu-usage (deleted)"),
+        Some(None),
+        "untagged"
+    );
+    assert_eq!(
+        usage_tag("/memfd:fgpu-usage:x17 (deleted)"),
+        Some(None),
+        "malformed"
+    );
+    assert_eq!(
+        usage_tag("/memfd:fgpu-usage: (deleted)"),
+        Some(None),
+        "empty tag"
+    );
+    assert_eq!(
+        usage_tag("/memfd:fgpu-usagex (deleted)"),
+        None,
+        "another name"
+    );
+    assert_eq!(usage_tag("/memfd:fgpu-limits (deleted)"), None);
+    assert_eq!(usage_tag("/dev/null"), None);
 }

@@ -22,11 +22,10 @@
 //! race past P's limit through their shims; the kernel backstop checks P exactly, on every
 //! allocation, and acts on the one that crosses.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::{Arc, Mutex};
 
 use anyhow::Result;
 use fgpu_common::ledger::{MAX_DEVICES, NO_LIMIT, uuid_key};
@@ -35,6 +34,8 @@ use super::ledgers::{CgroupLedger, uuid_bytes};
 
 use super::limits::{LimitStore, ancestors};
 use super::report::State;
+
+pub use super::shims::Shims;
 
 /// Whether cgroup path `path` is `ancestor` or lies below it.
 pub fn is_under(path: &str, ancestor: &str) -> bool {
@@ -66,11 +67,12 @@ pub fn ledger_for(store: &LimitStore, cgroup: &str) -> String {
 
 /// The ledger a process of `cgroup` gets ([`ledger_for`]), created on first use (around
 /// `usage`, a reconnecting shim's usage memfd) with its budget planned at once.
-/// `pid` (the host PID from SO_PEERCRED) is remembered as a shim: what the other processes
-/// of a ledger's domain hold bypasses the shim.
+/// `shim` (the host PID from SO_PEERCRED and the pidfd taken at accept, which the PID is
+/// only ever trusted through) is remembered as a shim: what the other processes of a
+/// ledger's domain hold bypasses the shim.
 pub fn ledger_of(
     state: &State,
-    pid: u32,
+    shim: (u32, Arc<OwnedFd>),
     cgroup: &str,
     usage: Option<OwnedFd>,
 ) -> Result<Arc<CgroupLedger>> {
@@ -83,7 +85,7 @@ pub fn ledger_of(
     let dir = state.cgroup2_mount.join(chosen.trim_start_matches('/'));
     let known = state.ledgers.get(&chosen).is_some();
     let ledger = state.ledgers.get_or_create(&chosen, &dir, usage, &limit)?;
-    state.shims.register(pid);
+    state.shims.register(shim.0, shim.1);
     if !known {
         if chosen != cgroup {
             tracing::info!(
@@ -96,61 +98,6 @@ pub fn ledger_of(
         refresh(state, &tree_by_key(&tree));
     }
     Ok(ledger)
-}
-
-/// Which processes use the shim: those whose shim said Hello to this agent (host PIDs from
-/// SO_PEERCRED), and those holding a ledger's usage memfd (shims of an earlier agent that
-/// have not reconnected yet), looked up once per process.
-#[derive(Debug, Default)]
-pub struct Shims(Mutex<ShimPids>);
-
-#[derive(Debug, Default)]
-struct ShimPids {
-    hello: HashSet<u32>,
-    looked_up: HashMap<u32, bool>,
-}
-
-impl Shims {
-    pub fn register(&self, pid: u32) {
-        self.0.lock().expect("shims lock").hello.insert(pid);
-    }
-
-    /// Live processes whose shim said Hello (for the metrics).
-    pub fn connected(&self) -> usize {
-        let s = self.0.lock().expect("shims lock");
-        s.hello
-            .iter()
-            .filter(|p| Path::new(&format!("/proc/{p}")).exists())
-            .count()
-    }
-
-    /// Forgets processes that are gone.
-    fn prune(&self) {
-        let alive = |p: &u32| Path::new(&format!("/proc/{p}")).exists();
-        let mut s = self.0.lock().expect("shims lock");
-        s.hello.retain(alive);
-        s.looked_up.retain(|p, _| alive(p));
-    }
-
-    fn uses_shim(&self, pid: u32) -> bool {
-        let mut s = self.0.lock().expect("shims lock");
-        if s.hello.contains(&pid) {
-            return true;
-        }
-        *s.looked_up
-            .entry(pid)
-            .or_insert_with(|| holds_usage_memfd(pid))
-    }
-}
-
-/// Whether process `pid` has a ledger's usage memfd open.
-fn holds_usage_memfd(pid: u32) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
-        fds.filter_map(Result::ok).any(|e| {
-            std::fs::read_link(e.path())
-                .is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:fgpu-usage"))
-        })
-    })
 }
 
 /// The kernel's subtree totals by (cgroup id, device).

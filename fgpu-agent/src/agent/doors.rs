@@ -8,8 +8,9 @@
 //!   control ones only to callers in the agent's PID, mount and user namespaces.
 //!
 //! Every connection is bounded: frame size, time to finish a frame, time idle before its
-//! first request, time to take a reply, descriptors pending, and connections per door in total
-//! and per caller (its cgroup, or its uid when the cgroup is unknown).
+//! first request, time to take a reply, descriptors pending, one Hello, and connections per
+//! door in total and per tenant ([`super::tenant`]: never a leaf cgroup, which a tenant can
+//! multiply; its uid when the cgroup is unknown).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -40,13 +41,14 @@ pub struct Limits {
     pub frame_timeout: Duration,
     /// A connection that has not said Hello is closed after this long without a request.
     /// (A shim keeps its connection open to notice an agent restart: after a well-formed Hello
-    /// there is no idle limit.)
+    /// there is no idle limit; the connection is closed when the process that opened it
+    /// exits.)
     pub idle_timeout: Duration,
     /// A reply must be taken by the peer within this long.
     pub write_timeout: Duration,
     /// Descriptors a connection may have pending (received, not yet consumed by a Hello).
     pub max_fds: usize,
-    /// Connections open at once on this door, and per caller.
+    /// Connections open at once on this door, and per tenant.
     pub max_connections: usize,
     pub max_per_caller: usize,
     /// Requests answered at once (off the event thread); more wait their turn.
@@ -83,7 +85,7 @@ impl Limits {
     }
 }
 
-/// Counts open connections, in total and per caller key.
+/// Counts open connections, in total and per tenant key.
 #[derive(Debug)]
 pub struct Budget {
     max_total: usize,
@@ -120,7 +122,7 @@ impl Budget {
         let mine = per.entry(key.to_string()).or_insert(0);
         if *mine >= self.max_per {
             return Err(format!(
-                "too many connections from {key}: at most {} at once per caller",
+                "too many connections from {key}: at most {} at once per tenant",
                 self.max_per
             ));
         }
@@ -190,7 +192,7 @@ mod tests {
         let _a2 = b.admit("/a").unwrap();
         assert_eq!(
             b.admit("/a").unwrap_err(),
-            "too many connections from /a: at most 2 at once per caller"
+            "too many connections from /a: at most 2 at once per tenant"
         );
         let _b1 = b.admit("/b").unwrap();
         assert!(

@@ -17,6 +17,8 @@ use fgpu_common::ledger::{Ledger, MAX_DEVICES, NO_LIMIT, uuid_key};
 
 use crate::api::Limit;
 
+use super::adopt;
+
 /// A share or ceiling that gates launches (1-99; 0 and 100 do not).
 fn gated_pct(p: u32) -> bool {
     (1..100).contains(&p)
@@ -45,7 +47,7 @@ impl CgroupLedger {
                     .context("refusing the usage memfd handed over")?;
                 fd
             }
-            None => fgpu_ledger::create_usage()?,
+            None => fgpu_ledger::create_usage(cgroup_id)?,
         };
         let map = fgpu_ledger::map_agent(limits_fd.as_raw_fd(), usage_fd.as_raw_fd())?;
         let ledger = Self {
@@ -242,6 +244,11 @@ impl Ledgers {
         let cgroup_id = std::fs::metadata(cgroup_dir)
             .with_context(|| format!("cgroup {cgroup} is gone"))?
             .ino();
+        // A reconnecting shim's page: its seals are checked below (a forged one refuses the
+        // Hello), its tag here (another cgroup's page is not adopted: a fresh one is made).
+        if let Some(fd) = usage.take() {
+            usage = adopt::offered(fd, cgroup, cgroup_id)?;
+        }
         // After an agent restart the cgroup's running shims still share their old usage
         // memfd; adopt it from one of them so that a process starting before they reconnect
         // joins the same count instead of a fresh one.
@@ -249,7 +256,7 @@ impl Ledgers {
             &usage,
             usage
                 .is_none()
-                .then(|| usage_memfd_in(cgroup_dir))
+                .then(|| adopt::usage_memfd_in(cgroup, cgroup_dir, cgroup_id))
                 .flatten(),
         ) {
             (Some(_), _) => "adopted from a reconnecting shim",
@@ -290,37 +297,6 @@ impl Ledgers {
             .expect("ledgers lock")
             .retain(|_, l| keep(l));
     }
-}
-
-/// A usage memfd held by one of the cgroup's processes (`memfd:fgpu-usage` in
-/// `/proc/PID/fd`), opened as a new description of the same memory.
-fn usage_memfd_in(cgroup_dir: &Path) -> Option<OwnedFd> {
-    let procs = std::fs::read_to_string(cgroup_dir.join("cgroup.procs")).ok()?;
-    procs.lines().find_map(|pid| {
-        let fd_dir = Path::new("/proc").join(pid.trim()).join("fd");
-        std::fs::read_dir(&fd_dir)
-            .ok()?
-            .filter_map(Result::ok)
-            .find_map(|e| {
-                let target = std::fs::read_link(e.path()).ok()?;
-                if !target.to_string_lossy().starts_with("/memfd:fgpu-usage") {
-                    return None;
-                }
-                let file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(e.path())
-                    .ok()?;
-                let fd = OwnedFd::from(file);
-                match fgpu_ledger::check_usage(fd.as_raw_fd()) {
-                    Ok(()) => Some(fd),
-                    Err(e) => {
-                        tracing::warn!(path = %fd_dir.display(), "not adopting a usage memfd: {e}");
-                        None
-                    }
-                }
-            })
-    })
 }
 
 /// The 16 bytes of an NVML UUID string (`GPU-5e1a0000-0000-...`), or of ROCm's form

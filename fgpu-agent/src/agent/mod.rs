@@ -4,6 +4,7 @@
 //! driver libraries ([`discovery`], [`probes`]), then serve the control socket
 //! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
 
+mod adopt;
 mod backstop;
 mod bound;
 mod budget;
@@ -34,8 +35,10 @@ mod report;
 mod request;
 mod scm;
 mod server;
+mod shims;
 mod smi;
 mod targets;
+mod tenant;
 mod unseen;
 mod watcher;
 
@@ -69,8 +72,9 @@ pub struct AgentArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
 
-    /// Connections one caller (a cgroup, i.e. a container) may hold open on the containers'
-    /// socket at once; more are refused with an error.
+    /// Connections one tenant (its container or pod cgroup, or the nearest limited cgroup
+    /// below that, whatever sub-cgroups it makes) may hold open on the containers' socket at
+    /// once; more are refused with an error.
     #[arg(long, value_name = "N", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_connections_per_cgroup: u32,

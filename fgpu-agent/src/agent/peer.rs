@@ -14,7 +14,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use tokio::net::UnixStream;
 
@@ -45,6 +45,10 @@ pub struct Caller {
     pub cgroup: Option<String>,
     /// `Ok` if the caller shares the agent's PID, mount and user namespaces; else why not.
     pub host: Result<(), String>,
+    /// A pidfd of the process that connected, when it could be had: everything the agent
+    /// later says or does about "this caller" goes by it (or by what was read and confirmed
+    /// through it here), never by the PID again, which may name another process by then.
+    pub pidfd: Option<Arc<OwnedFd>>,
 }
 
 impl Caller {
@@ -72,15 +76,13 @@ impl Caller {
             peer,
             cgroup,
             host,
+            pidfd: pidfd.ok().map(Arc::new),
         })
     }
 
-    /// What connection caps count this caller under: its cgroup (a container), else its uid.
-    pub fn budget_key(&self) -> String {
-        match &self.cgroup {
-            Some(cg) => cg.clone(),
-            None => format!("uid:{}", self.peer.uid),
-        }
+    /// Whether the process that connected still lives (false if it cannot be named).
+    pub fn alive(&self) -> bool {
+        self.pidfd.as_deref().is_some_and(alive)
     }
 
     /// For log lines: `cgroup` or `-`.
@@ -201,15 +203,10 @@ mod tests {
         assert_eq!(caller.host, Ok(()), "{caller:?}");
         let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
         assert_eq!(caller.cgroup.as_deref(), unified_path(&text));
+        assert!(caller.alive());
         let on_containers = Caller::identify(&b, Door::Containers).unwrap();
         assert!(on_containers.host.is_err());
-        assert_eq!(
-            on_containers.budget_key(),
-            caller
-                .cgroup
-                .clone()
-                .unwrap_or(format!("uid:{}", caller.peer.uid))
-        );
+        assert_eq!(on_containers.cgroup, caller.cgroup);
     }
 
     #[test]

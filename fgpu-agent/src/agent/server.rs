@@ -1,8 +1,10 @@
 //! The agent's sockets: one request frame in, one reply frame out, per connection turn.
 //!
 //! Two doors ([`Door`]) share this code: the containers' socket and the admin socket. Each
-//! connection is identified once ([`Caller`]), admitted against the door's connection caps,
-//! and bounded in frame size, descriptors and time ([`Limits`]). Control requests are
+//! connection is identified once ([`Caller`]: everything said about the caller later goes by
+//! that identity and its pidfd, never by its PID again), admitted against the door's
+//! connection caps (per tenant, [`super::tenant`]), allowed one Hello, and bounded in frame
+//! size, descriptors and time ([`Limits`]). Control requests are
 //! answered on the blocking pool, a few at a time per door, so that they never hold up the
 //! kernel-event path that shares this thread.
 
@@ -15,13 +17,14 @@ use anyhow::{Context, Result, bail};
 use bytes::BytesMut;
 use std::os::fd::OwnedFd;
 
-use fgpu_common::cgroup::unified_path;
 use fgpu_common::proto::{Frame, Kind, shim};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, timeout, timeout_at};
 
-use super::control::{self, Peer};
+use super::control;
 use super::doors::{Admitted, Budget, Door, Limits};
 use super::peer::Caller;
 use super::report::State;
@@ -182,7 +185,8 @@ struct Conn {
 impl Conn {
     async fn handle(self, stream: UnixStream, door: Door) -> Result<()> {
         let caller = Arc::new(Caller::identify(&stream, door)?);
-        let _admitted: Admitted = match self.budget.admit(&caller.budget_key()) {
+        let _admitted: Admitted = match self.budget.admit(&super::tenant::key(&self.state, &caller))
+        {
             Ok(a) => a,
             Err(why) => {
                 tracing::debug!(
@@ -201,6 +205,9 @@ impl Conn {
         let mut chunk = vec![0u8; limits.max_frame.min(64 << 10) + 64];
         let mut fds: Vec<OwnedFd> = Vec::new();
         let mut said_hello = false;
+        let mut hellos = 0u32;
+        // Once a shim holds its connection idle: the end of the process that connected.
+        let mut peer_exit: Option<PeerExit> = None;
         loop {
             let mut frame_deadline: Option<Instant> = None;
             let frame = loop {
@@ -227,8 +234,26 @@ impl Conn {
                     (None, false) => timeout(limits.idle_timeout, recv).await.map_err(|_| {
                         anyhow::anyhow!("idle for {:?} without a request", limits.idle_timeout)
                     })?,
-                    // A shim holds its connection open to notice an agent restart.
-                    (None, true) => recv.await,
+                    // A shim holds its connection open to notice an agent restart, for as
+                    // long as the process that connected lives (a fork child that kept it
+                    // notices the close and says Hello again, as itself).
+                    (None, true) => {
+                        let exit = peer_exit.get_or_insert_with(|| PeerExit::new(&caller));
+                        tokio::select! {
+                            r = recv => r,
+                            () = exit.wait() => {
+                                tracing::debug!(
+                                    door = door.name(),
+                                    pid = caller.peer.pid,
+                                    caller_cgroup = caller.cgroup_or_dash(),
+                                    "closing a shim's connection: {PEER_EXITED}"
+                                );
+                                let bye = Frame::new(Kind::Error, PEER_EXITED);
+                                let _ = self.send(&stream, bye).await;
+                                return Ok(());
+                            }
+                        }
+                    }
                 };
                 let (n, received) = match received {
                     Ok(r) => r,
@@ -256,13 +281,22 @@ impl Conn {
                 fds.extend(received);
             };
             if frame.kind == Kind::Hello {
+                hellos += 1;
+                if hellos > 1 {
+                    // One Hello per connection: a shim connects again for another ledger, so
+                    // that every answer is about the caller identified at this accept.
+                    drop(std::mem::take(&mut fds));
+                    self.send(&stream, Frame::new(Kind::Error, SECOND_HELLO))
+                        .await?;
+                    bail!(SECOND_HELLO);
+                }
                 // Only a well-formed Hello earns the shim's right to hold the connection idle.
                 said_hello |= shim::HelloPayload::decode(&frame.payload)
                     .is_some_and(|h| h.version == shim::VERSION);
                 let fds = std::mem::take(&mut fds);
                 timeout(
                     limits.write_timeout,
-                    hello(&stream, &self.state, caller.peer, &frame, fds),
+                    hello(&stream, &self.state, &caller, &frame, fds),
                 )
                 .await
                 .context("the shim did not take its ledger")??;
@@ -295,15 +329,18 @@ impl Conn {
     }
 }
 
-/// A shim introduces itself: find its cgroup from its PID (the kernel's word, not the
-/// shim's) and hand over the ledger whose budget that cgroup is under.
+/// A shim introduces itself: hand over the ledger whose budget its cgroup is under. The
+/// cgroup is the one read at accept and confirmed through the caller's pidfd (the kernel's
+/// word, not the shim's), never read again by PID; a caller whose process has exited since
+/// is refused (its PID may name a process of another cgroup by now).
 async fn hello(
     stream: &UnixStream,
     state: &State,
-    peer: Peer,
+    caller: &Caller,
     frame: &Frame,
     fds: Vec<OwnedFd>,
 ) -> Result<()> {
+    let peer = caller.peer;
     let ledger = (|| -> Result<_> {
         let hello = shim::HelloPayload::decode(&frame.payload).context("malformed Hello")?;
         if hello.version != shim::VERSION {
@@ -314,16 +351,22 @@ async fn hello(
             );
         }
         let pid = peer.pid.context("no peer credentials on the socket")?;
-        let content = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .with_context(|| format!("reading /proc/{pid}/cgroup"))?;
-        let cgroup = unified_path(&content)
-            .context("the process is in no cgroup v2")?
-            .to_string();
+        let pidfd = caller
+            .pidfd
+            .clone()
+            .context("the process that opened this connection cannot be named (no pidfd)")?;
+        if !caller.alive() {
+            bail!(PEER_EXITED);
+        }
+        let cgroup = caller
+            .cgroup
+            .as_deref()
+            .context("the caller's cgroup v2 could not be read when it connected")?;
         let usage = (hello.flags & shim::HELLO_HAS_USAGE_FD != 0)
             .then(|| fds.into_iter().next())
             .flatten();
         // The ledger of the nearest limited cgroup, or the process's own (budget.rs).
-        super::budget::ledger_of(state, pid, &cgroup, usage)
+        super::budget::ledger_of(state, (pid, pidfd), cgroup, usage)
     })();
     match ledger {
         Ok(ledger) => {
@@ -339,6 +382,48 @@ async fn hello(
         }
     }
     Ok(())
+}
+
+/// Why a held connection is closed, or a Hello on it refused, once its process has exited.
+const PEER_EXITED: &str =
+    "the process that opened this connection has exited: connect again for a ledger";
+/// The answer to a second Hello on one connection.
+const SECOND_HELLO: &str =
+    "this connection has already said Hello: connect again for another ledger";
+
+/// The end of the process that opened a connection: its pidfd becomes readable when it
+/// exits (polled by the runtime, no timer); where the pidfd cannot be polled, it is checked
+/// every few seconds. A caller without a pidfd is never taken for dead.
+struct PeerExit {
+    polled: Option<AsyncFd<Arc<OwnedFd>>>,
+    pidfd: Option<Arc<OwnedFd>>,
+}
+
+impl PeerExit {
+    fn new(caller: &Caller) -> Self {
+        let pidfd = caller.pidfd.clone();
+        let polled = pidfd.as_ref().and_then(|fd| {
+            // SAFETY: the Arc keeps the pidfd open, and `as_raw_fd` returns that same
+            // descriptor, for as long as the AsyncFd that owns this clone lives.
+            unsafe { AsyncFd::register_with_interest(Arc::clone(fd), Interest::READABLE) }.ok()
+        });
+        Self { polled, pidfd }
+    }
+
+    async fn wait(&mut self) {
+        match (&self.polled, &self.pidfd) {
+            (Some(fd), _) => {
+                // Readable for good once the process is gone; an error is taken as gone too.
+                let _ = fd.readable().await;
+            }
+            (None, Some(pidfd)) => {
+                while super::pidfd::alive(pidfd) {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+            (None, None) => std::future::pending().await,
+        }
+    }
 }
 
 async fn reply(stream: &UnixStream, frame: Frame) -> Result<()> {

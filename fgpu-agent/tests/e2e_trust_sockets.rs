@@ -1,0 +1,407 @@
+//! End-to-end: the trust boundary on the containers' socket, round 2 (issue 30, items 2, 3
+//! and 6), each attack as it was observed on 7bf6120:
+//! - a connection kept by a child after the process that opened it exited, whose PID then
+//!   names a process of another cgroup, must not get that cgroup's ledger;
+//! - the agent must not hand out its own descriptors (other tenants' usage pages) as a new
+//!   ledger's page, nor adopt for a cgroup a page that was another cgroup's;
+//! - one tenant's many sub-cgroups share one connection quota: a shim elsewhere is still
+//!   admitted and the host's `status` answers within 100 ms.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Agent, Cgroup, privileged, status_round_trip, unique};
+use serde_json::Value;
+
+/// Client side of the shim protocol in Python; every reply is printed as one JSON line:
+/// `{"kind", "text" (a LedgerReply's cgroup or an Error's message), "fds", "usage_ino"}`.
+const LIB: &str = r#"
+import json, os, select, socket, struct, sys, time
+path = sys.argv[1]
+def hello_frame(flags=0):
+    return b"FGPU" + struct.pack("<HHI", 1, 16, 8) + struct.pack("<II", 1, flags)
+def answer(s, t=5):
+    s.settimeout(t)
+    try:
+        msg, fds, _, _ = socket.recv_fds(s, 65536, 4)
+    except socket.timeout:
+        return {"reply": "timeout"}, []
+    except OSError as e:
+        return {"reply": "oserror %s" % e}, []
+    if not msg:
+        return {"reply": "closed"}, []
+    kind = struct.unpack_from("<H", msg, 6)[0]
+    text = (msg[20:] if kind == 0x8010 else msg[12:]).decode(errors="replace")
+    out = {"kind": kind, "text": text, "fds": len(fds)}
+    if len(fds) == 2:
+        out["usage_ino"] = os.fstat(fds[1]).st_ino
+    return out, fds
+def hello(attach=None):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    try:
+        if attach is None:
+            s.sendall(hello_frame())
+        else:
+            socket.send_fds(s, [hello_frame(1)], [attach])
+    except OSError:
+        pass  # refused at accept: the refusal is waiting to be read
+    out, fds = answer(s)
+    return s, out, fds
+def say(d):
+    print(json.dumps(d), flush=True)
+"#;
+
+/// Item 2. A process opens a connection and forks a holder, then exits; the test gives its
+/// PID to a process of the victim's cgroup; on "go" the holder says Hello on the kept
+/// connection.
+const PID_REUSE: &str = r#"
+opener = os.fork()
+if opener == 0:
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    if os.fork() == 0:
+        sys.stdin.readline()
+        s.sendall(hello_frame())
+        out, fds = answer(s)
+        say(out)
+        sys.stdin.read()
+    os._exit(0)
+os.waitpid(opener, 0)
+say({"opener": opener})
+time.sleep(600)
+"#;
+
+/// Item 2. An honest shim: Hello, then its connection held idle past the agent's idle
+/// timeout (10 s); then a second Hello on the same connection.
+const LONG_LIVED: &str = r#"
+s, out, fds = hello()
+say(out)
+time.sleep(float(sys.argv[2]))
+p = select.poll()
+p.register(s, select.POLLIN | select.POLLHUP)
+say({"still_open": not p.poll(0)})
+s.sendall(hello_frame())
+out, _ = answer(s)
+say(out)
+out, _ = answer(s)
+say(out)
+"#;
+
+/// Item 3. Hello (printing the usage inode); on "offer", a new connection's Hello with the
+/// usage memfd of the first attached; on "again", a plain Hello on a new connection.
+const HOLDER: &str = r#"
+s, out, fds = hello()
+say(out)
+for line in sys.stdin:
+    if line.strip() == "offer":
+        _, o, _ = hello(attach=fds[1])
+        say(o)
+    elif line.strip() == "again":
+        _, o, _ = hello()
+        say(o)
+"#;
+
+/// Item 6. `argv[2]` connections, each saying Hello; prints how many got a ledger and the
+/// distinct refusals, then holds them all.
+const CONNECTIONS: &str = r#"
+import resource
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+held, refusals, admitted = [], set(), 0
+for i in range(int(sys.argv[2])):
+    s, out, fds = hello()
+    if out.get("kind") == 0x8010:
+        admitted += 1
+        held.append((s, fds))
+    else:
+        refusals.add(out.get("text") or out.get("reply"))
+        s.close()
+say({"admitted": admitted, "refusals": sorted(refusals)})
+sys.stdin.read()
+"#;
+
+/// A Python client of [`LIB`] + `script` in `cg`, in the host's PID namespace (the agent
+/// sees the PIDs it prints).
+struct Client {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Client {
+    fn spawn(cg: &Cgroup, agent: &Agent, script: &str, args: &[&str]) -> Self {
+        let mut cmd = Command::new(common::find_python());
+        cmd.arg("-c")
+            .arg(format!("{LIB}{script}"))
+            .arg(&agent.socket)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        cg.enter_on_exec(&mut cmd);
+        let mut child = cmd.spawn().expect("starting python");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn line(&mut self) -> Value {
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    }
+
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const LEDGER_REPLY: u64 = 0x8010;
+const ERROR: u64 = 0xFFFF;
+
+/// Starts `sleep` in `cg` as host PID `pid` (freed a moment ago): the kernel's next PID is
+/// steered with `ns_last_pid`, retried while other processes of the machine take it first.
+fn take_pid(pid: u32, cg: &Cgroup) -> Child {
+    for _ in 0..500 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("writing ns_last_pid");
+        let mut cmd = Command::new("sleep");
+        cmd.arg("120");
+        cg.enter_on_exec(&mut cmd);
+        let mut child = cmd.spawn().unwrap();
+        if child.id() == pid {
+            return child;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("could not give PID {pid} to a process of {}", cg.path);
+}
+
+#[test]
+fn privileged_a_kept_connection_never_gets_the_ledger_of_its_pids_next_owner() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let attacker = Cgroup::new(&unique("fgpu-trust-reuser"));
+    let victim = Cgroup::new(&unique("fgpu-trust-reused"));
+    let honest = Cgroup::new(&unique("fgpu-trust-longlived"));
+    for (cg, limit) in [(&attacker, "512MiB"), (&victim, "2GiB"), (&honest, "1GiB")] {
+        common::ok(&agent.cli(&["limit", "set", &cg.path, "--memory", limit]));
+    }
+    // The honest shim holds its connection for 12 s meanwhile.
+    let mut long = Client::spawn(&honest, &agent, LONG_LIVED, &["12"]);
+    let first = long.line();
+    assert_eq!(first["kind"], LEDGER_REPLY, "{first}");
+    assert_eq!(first["text"], honest.path.as_str(), "{first}");
+    let since = Instant::now();
+
+    let mut reuser = Client::spawn(&attacker, &agent, PID_REUSE, &[]);
+    let opener = reuser.line()["opener"].as_u64().unwrap() as u32;
+    let mut new_owner = take_pid(opener, &victim);
+    let text = std::fs::read_to_string(format!("/proc/{opener}/cgroup")).unwrap();
+    assert!(text.trim_end().ends_with(&victim.path), "{text}");
+    reuser.send("go");
+    let got = reuser.line();
+    eprintln!(
+        "the kept connection's Hello after its PID went to {}: {got}",
+        victim.path
+    );
+    assert_ne!(
+        got["text"],
+        victim.path.as_str(),
+        "the victim's ledger was handed to a connection of {}: {got}",
+        attacker.path
+    );
+    assert_eq!(got["kind"], ERROR, "{got}");
+    assert_eq!(
+        got["text"],
+        "the process that opened this connection has exited: connect again for a ledger",
+        "{got}"
+    );
+    let _ = new_owner.kill();
+    let _ = new_owner.wait();
+
+    // The honest shim: still connected past the idle timeout; a second Hello is refused
+    // and its connection closed.
+    let open = long.line();
+    assert!(since.elapsed() >= Duration::from_secs(10));
+    assert_eq!(open["still_open"], true, "{open}");
+    let second = long.line();
+    assert_eq!(
+        second,
+        serde_json::json!({"kind": ERROR, "fds": 0,
+            "text": "this connection has already said Hello: connect again for another ledger"}),
+    );
+    let then = long.line();
+    assert_eq!(then["reply"], "closed", "{then}");
+}
+
+#[test]
+fn privileged_the_agent_never_adopts_its_own_or_another_cgroups_usage_page() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let tenant = Cgroup::new(&unique("fgpu-trust-pageowner"));
+    let home = Cgroup::new(&unique("fgpu-trust-agenthome"));
+    let elsewhere = Cgroup::new(&unique("fgpu-trust-pagecarrier"));
+    let third = Cgroup::new(&unique("fgpu-trust-pageoffer"));
+    // A tenant's ledger: the agent holds its usage page from now on.
+    let mut owner = Client::spawn(&tenant, &agent, HOLDER, &[]);
+    let theirs = owner.line();
+    assert_eq!(theirs["text"], tenant.path.as_str(), "{theirs}");
+    let page = theirs["usage_ino"].as_u64().unwrap();
+
+    // The agent moves into a cgroup of its own; a shim there makes that cgroup's ledger.
+    let agent_procs = |cg: &str| {
+        format!(
+            "{}/cgroup.procs",
+            common::cgroup2_mount()
+                .join(cg.trim_start_matches('/'))
+                .display()
+        )
+    };
+    let text = std::fs::read_to_string(format!("/proc/{}/cgroup", agent.pid())).unwrap();
+    let agent_was = fgpu_common::cgroup::unified_path(&text)
+        .unwrap()
+        .to_string();
+    std::fs::write(agent_procs(&home.path), agent.pid().to_string()).unwrap();
+    let mut neighbour = Client::spawn(&home, &agent, HOLDER, &[]);
+    let in_home = neighbour.line();
+    std::fs::write(agent_procs(&agent_was), agent.pid().to_string()).unwrap();
+
+    // The tenant's process moves to another cgroup holding its page; that cgroup's first
+    // shim, and then its Hello offering the page from a third cgroup.
+    std::fs::write(agent_procs(&elsewhere.path), owner.pid().to_string()).unwrap();
+    let mut carried = Client::spawn(&elsewhere, &agent, HOLDER, &[]);
+    let in_elsewhere = carried.line();
+    std::fs::write(agent_procs(&third.path), owner.pid().to_string()).unwrap();
+    owner.send("offer");
+    let offered = owner.line();
+    eprintln!(
+        "the tenant's page is inode {page}; the agent's own cgroup got {in_home}; a cgroup \
+         where a process held the page got {in_elsewhere}; one offered it in a Hello got \
+         {offered}"
+    );
+    for (what, got, cg) in [
+        ("the agent's own cgroup", &in_home, &home),
+        (
+            "a cgroup whose process held the page",
+            &in_elsewhere,
+            &elsewhere,
+        ),
+        ("a cgroup whose shim offered it", &offered, &third),
+    ] {
+        assert_eq!(got["kind"], LEDGER_REPLY, "{what}: {got}");
+        assert_eq!(got["text"], cg.path.as_str(), "{what}: {got}");
+        assert_ne!(
+            got["usage_ino"].as_u64(),
+            Some(page),
+            "{what} was given {}'s usage page: {got}\n{}",
+            tenant.path,
+            agent.log_text()
+        );
+    }
+    let log = agent.log_text();
+    assert!(
+        log.contains("not adopting the usage memfd a shim offered"),
+        "no warning for the offered page:\n{log}"
+    );
+    assert!(
+        log.contains("not adopting usage memfds held by processes of the cgroup"),
+        "no warning for the held page:\n{log}"
+    );
+    // The tenant itself still gets its own page back.
+    std::fs::write(agent_procs(&tenant.path), owner.pid().to_string()).unwrap();
+    owner.send("again");
+    let back = owner.line();
+    assert_eq!(back["usage_ino"].as_u64(), Some(page), "{back}");
+}
+
+#[test]
+fn privileged_a_tenants_sub_cgroups_share_one_connection_quota() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let tenant = Cgroup::new(&unique("fgpu-trust-manycg"));
+    let subs: Vec<Cgroup> = (0..17)
+        .map(|i| Cgroup::new(&format!("{}/s{i}", tenant.path.trim_start_matches('/'))))
+        .collect();
+    let mut rtt = Vec::new();
+    let mut flood: Vec<Client> = subs
+        .iter()
+        .map(|cg| Client::spawn(cg, &agent, CONNECTIONS, &["256"]))
+        .collect();
+    let results: Vec<Value> = flood
+        .iter_mut()
+        .map(|c| {
+            rtt.push(status_round_trip(&agent.admin).0);
+            c.line()
+        })
+        .collect();
+    for _ in 0..10 {
+        rtt.push(status_round_trip(&agent.admin).0);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let newcomer = Cgroup::new(&unique("fgpu-trust-afterflood"));
+    let mut shim = Client::spawn(&newcomer, &agent, HOLDER, &[]);
+    let hello = shim.line();
+    let admitted: u64 = results
+        .iter()
+        .map(|r| r["admitted"].as_u64().unwrap())
+        .sum();
+    let max = rtt.iter().copied().fold(0.0, f64::max);
+    eprintln!(
+        "17 sub-cgroups of {} asking 256 connections each: {admitted} admitted, refusals \
+         {:?}; host status round trip at most {max:.2} ms ({} requests); a shim elsewhere got \
+         {hello}",
+        tenant.path,
+        results
+            .iter()
+            .flat_map(|r| r["refusals"].as_array().cloned().unwrap_or_default())
+            .map(|t| t.to_string())
+            .collect::<std::collections::BTreeSet<_>>(),
+        rtt.len()
+    );
+    assert_eq!(
+        hello["kind"], LEDGER_REPLY,
+        "the shim elsewhere was refused: {hello}"
+    );
+    assert_eq!(hello["text"], newcomer.path.as_str(), "{hello}");
+    assert_eq!(hello["fds"], 2, "{hello}");
+    assert_eq!(admitted, 256, "{results:?}");
+    let refusal = format!(
+        "too many connections from {}: at most 256 at once per tenant",
+        tenant.path
+    );
+    for r in &results {
+        let texts = r["refusals"].as_array().unwrap();
+        assert!(texts.iter().all(|t| t == refusal.as_str()), "{r}");
+    }
+    assert!(max < 100.0, "a status round trip took {max:.1} ms");
+    drop(flood);
+}
