@@ -63,6 +63,7 @@ opener = os.fork()
 if opener == 0:
     s = socket.socket(socket.AF_UNIX)
     s.connect(path)
+    time.sleep(0.3)  # identified at accept while alive (either way, refused below)
     if os.fork() == 0:
         sys.stdin.readline()
         s.sendall(hello_frame())

@@ -80,11 +80,6 @@ impl Caller {
         })
     }
 
-    /// Whether the process that connected still lives (false if it cannot be named).
-    pub fn alive(&self) -> bool {
-        self.pidfd.as_deref().is_some_and(alive)
-    }
-
     /// For log lines: `cgroup` or `-`.
     pub fn cgroup_or_dash(&self) -> &str {
         self.cgroup.as_deref().unwrap_or("-")
@@ -203,7 +198,7 @@ mod tests {
         assert_eq!(caller.host, Ok(()), "{caller:?}");
         let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
         assert_eq!(caller.cgroup.as_deref(), unified_path(&text));
-        assert!(caller.alive());
+        assert!(caller.pidfd.as_deref().is_some_and(alive));
         let on_containers = Caller::identify(&b, Door::Containers).unwrap();
         assert!(on_containers.host.is_err());
         assert_eq!(on_containers.cgroup, caller.cgroup);

@@ -351,13 +351,11 @@ async fn hello(
             );
         }
         let pid = peer.pid.context("no peer credentials on the socket")?;
-        let pidfd = caller
-            .pidfd
-            .clone()
-            .context("the process that opened this connection cannot be named (no pidfd)")?;
-        if !caller.alive() {
-            bail!(PEER_EXITED);
-        }
+        // No pidfd: the process had exited before it was identified (SO_PEERPIDFD's ESRCH).
+        let pidfd = match &caller.pidfd {
+            Some(fd) if super::pidfd::alive(fd) => Arc::clone(fd),
+            _ => bail!(PEER_EXITED),
+        };
         let cgroup = caller
             .cgroup
             .as_deref()
