@@ -241,7 +241,7 @@ fn privileged_cgroups_that_come_and_go_are_pruned_and_a_new_one_is_still_charged
         if line.starts_with("churned") || line.starts_with("exit=") {
             break;
         }
-        if churn.lines.len() % 2000 == 0 {
+        if churn.lines.len().is_multiple_of(2000) {
             slowest = slowest.max(status_within(&agent, Duration::from_millis(100)));
         }
     }
