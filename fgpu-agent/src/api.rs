@@ -27,6 +27,48 @@ pub struct Limit {
     /// Compute ceiling on one GPU, by NVML UUID, as `compute_gpus` is to `compute_pct`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub compute_cap_gpus: BTreeMap<String, u8>,
+    /// Compute priority class on every GPU (inherited from the nearest cgroup that sets it;
+    /// `normal` when none does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_priority: Option<ComputePriority>,
+}
+
+/// A cgroup's compute priority class (`fgpu limit set --compute-priority`, docs/compute.md
+/// "Priority").
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputePriority {
+    /// Served first within its share: a high tenant that waits ends a normal or low
+    /// tenant's turn after 2 ms; past its share it shares like a normal one.
+    High,
+    /// Shares the device with the other normal and high tenants by their shares.
+    #[default]
+    Normal,
+    /// Only gets the device while no normal or high tenant wants it (idle time).
+    Low,
+}
+
+impl ComputePriority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputePriority::High => "high",
+            ComputePriority::Normal => "normal",
+            ComputePriority::Low => "low",
+        }
+    }
 }
 
 /// `fgpu limit set`.
@@ -84,7 +126,8 @@ impl Limit {
 
     /// Whether any compute setting is made (on every GPU or on some).
     pub fn has_compute(&self) -> bool {
-        self.compute_pct.is_some()
+        self.compute_priority.is_some()
+            || self.compute_pct.is_some()
             || self.compute_cap_pct.is_some()
             || !self.compute_gpus.is_empty()
             || !self.compute_cap_gpus.is_empty()

@@ -3,6 +3,7 @@
 //! Nothing here does I/O or starts threads: the shim links this crate into other people's
 //! processes, and the agent and CLI use it to agree on formats.
 //!
+//! - [`clock`]: the one monotonic clock (`CLOCK_MONOTONIC` ns) every part reads.
 //! - [`quantity`]: the SIZE (`8GiB`, `512MiB`, `8GB`, bytes) and PCT (`30%`) forms of the CLI
 //!   and the environment.
 //! - [`event`]: the records the eBPF programs write, mirrored from `fgpu-ebpf/src/bpf/fgpu.h`.
@@ -11,6 +12,7 @@
 //! - [`proto`]: framing of the agent's unix-socket protocol.
 
 pub mod cgroup;
+pub mod clock;
 pub mod container;
 pub mod event;
 pub mod ledger;

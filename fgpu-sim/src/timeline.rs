@@ -16,13 +16,7 @@ pub const BUCKETS: usize = 128;
 /// Work scheduled further ahead than this is not recorded in the rings (it would wrap).
 const HORIZON_NS: u64 = (BUCKETS as u64 - 16) * BUCKET_NS;
 
-pub fn now_ns() -> u64 {
-    // SAFETY: zeroed timespec is valid; clock_gettime writes into it.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: valid clock id and out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use fgpu_common::clock::mono_ns as now_ns;
 
 /// Sleeps until CLOCK_MONOTONIC reaches `t` ns.
 pub fn sleep_until(t: u64) {

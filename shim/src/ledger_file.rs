@@ -166,13 +166,8 @@ fn file_size(fd: i32) -> i64 {
 fn create(path: &str, mode: libc::mode_t) {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
-    let mut ts: libc::timespec = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let Ok(tmp) = CString::new(format!("{path}.tmp.{pid}.{}", ts.tv_nsec)) else {
+    let nonce = fgpu_common::clock::mono_ns() % 1_000_000_000;
+    let Ok(tmp) = CString::new(format!("{path}.tmp.{pid}.{nonce}")) else {
         return;
     };
     let Ok(cpath) = CString::new(path) else {

@@ -18,7 +18,7 @@ mod common;
 
 use common::agent::*;
 use common::classes::*;
-use common::tenants::{CpuMeter, Measured, assert_shares};
+use common::tenants::{CpuMeter, Measured, assert_shares, progress, rate_between};
 use fgpu_testkit::privileged;
 use std::time::Duration;
 
@@ -299,4 +299,57 @@ fn privileged_a_latency_bound_tenant_is_served_promptly() {
         row["compute_corun"], true,
         "status says it co-runs: {status}"
     );
+}
+
+/// Issue 25's join: a tenant that launched a little for seconds (as PyTorch does while it
+/// imports, benchmarks cuDNN and warms up: a 100 µs kernel every millisecond) next to a
+/// saturating incumbent, both at 50, then starts real work. Over its first 4 s of real work
+/// it gets 40-60% of its solo rate, and so does the incumbent (before the scheduler bounded
+/// lag, it took about 95% of the device for those 4 s).
+#[test]
+fn privileged_a_tenant_joining_after_a_light_warm_up_gets_no_catch_up() {
+    if !privileged() {
+        return;
+    }
+    let _one = common::tenants::measuring();
+    let w = AgentWorld::new("clsjoin");
+    let agent = w.agent();
+    let solo_rate = solo(&w, &agent, saturating(3000));
+    let mut warm: Vec<String> = ["steps-for", "6000", "1", "sleep_100us", "1000"]
+        .map(String::from)
+        .to_vec();
+    warm.extend(saturating(6000));
+    let mut ts = vec![
+        tenant(&w, "incumbent", &["--compute", "50"], &[saturating(14_000)]),
+        tenant(&w, "joiner", &["--compute", "50"], &[warm]),
+    ];
+    go(&mut ts);
+    let mut done = Vec::new();
+    for t in ts {
+        for p in t.procs {
+            done.push(p.finish());
+        }
+    }
+    let ctx = format!("agent log:\n{}", agent.log_text());
+    for f in &done {
+        assert_eq!(f.code, Some(0), "{f}\n{ctx}");
+    }
+    let inc = progress(&done[0].lines);
+    // The joiner's real work: the steps-at lines after its warm-up's result line.
+    let split = done[1]
+        .lines
+        .iter()
+        .position(|l| l.starts_with("steps-for ok"))
+        .expect("warm-up result");
+    let real = progress(&done[1].lines[split + 1..]);
+    let t0 = real.first().expect("real work progress").0;
+    let (j, i) = (
+        100.0 * rate_between(&real, t0, t0 + 4000) / solo_rate,
+        100.0 * rate_between(&inc, t0, t0 + 4000) / solo_rate,
+    );
+    println!(
+        "first 4 s after a light warm-up, 50/50: joiner {j:.1}%, incumbent {i:.1}% of the solo rate ({solo_rate:.1} steps/s)"
+    );
+    assert!((40.0..=60.0).contains(&j), "joiner {j:.1}%\n{ctx}");
+    assert!((40.0..=60.0).contains(&i), "incumbent {i:.1}%\n{ctx}");
 }

@@ -42,15 +42,7 @@ pub fn unique(prefix: &str) -> String {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds (the same in every PID namespace of the host).
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into a valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use fgpu_common::clock::mono_ns;
 
 /// Where the cgroup v2 hierarchy is mounted on this host.
 pub fn cgroup2_mount() -> PathBuf {

@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use fgpu_common::ledger::compute::TURN_CLOSED;
 use fgpu_common::ledger::{Ledger, MAX_DEVICES, NO_LIMIT, uuid_key};
 
-use crate::api::Limit;
+use crate::api::{ComputePriority, Limit};
 
 use super::adopt;
 
@@ -32,6 +32,9 @@ pub struct CgroupLedger {
     limits_fd: OwnedFd,
     usage_fd: OwnedFd,
     map: fgpu_ledger::Mapping,
+    /// Its effective compute priority (the controller reads it; shims never need it, so it
+    /// lives here, not in the shared page).
+    priority: std::sync::atomic::AtomicU8,
 }
 
 impl CgroupLedger {
@@ -56,6 +59,7 @@ impl CgroupLedger {
             limits_fd,
             usage_fd,
             map,
+            priority: std::sync::atomic::AtomicU8::new(ComputePriority::Normal as u8),
         };
         ledger.ledger().init();
         fgpu_ledger::seal_limits(ledger.limits_fd.as_raw_fd())?;
@@ -64,6 +68,15 @@ impl CgroupLedger {
 
     pub fn ledger(&self) -> &Ledger {
         self.map.ledger()
+    }
+
+    /// Its effective compute priority.
+    pub fn priority(&self) -> ComputePriority {
+        match self.priority.load(std::sync::atomic::Ordering::Relaxed) {
+            p if p == ComputePriority::High as u8 => ComputePriority::High,
+            p if p == ComputePriority::Low as u8 => ComputePriority::Low,
+            _ => ComputePriority::Normal,
+        }
     }
 
     /// The descriptors to hand to a shim: [limits, usage].
@@ -139,8 +152,9 @@ impl CgroupLedger {
                 .map(|(_, p)| *p);
             u32::from(own.or(plain).unwrap_or(0))
         };
+        let priority = limit.compute_priority.unwrap_or_default() as u8;
+        let mut changed = self.priority.swap(priority, SeqCst) != priority;
         let l = &self.ledger().limits;
-        let mut changed = false;
         for ((d, rec), t) in l
             .devices
             .iter()

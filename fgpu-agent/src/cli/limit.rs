@@ -66,6 +66,12 @@ enum LimitCommand {
         /// Hard ceiling on compute time, never exceeded even on an idle GPU, e.g. 50%.
         #[arg(long, value_name = "PCT", value_parser = pct)]
         compute_cap: Option<u8>,
+        /// Priority class on every GPU: `high` is served first within its share (its
+        /// waiting ends a normal tenant's turn within ~2 ms) and what it leaves unused goes
+        /// to the others at once; `low` only gets time no normal or high tenant wants. Takes
+        /// effect with a --compute share or --compute-cap (here or inherited).
+        #[arg(long, value_name = "CLASS", value_enum)]
+        compute_priority: Option<crate::api::ComputePriority>,
     },
     /// Show the limits that apply to a cgroup (its own, or inherited from an ancestor).
     Get {
@@ -112,9 +118,21 @@ pub fn run(args: &LimitArgs) -> Result<()> {
             gpus,
             compute,
             compute_cap,
+            compute_priority,
         } => {
-            if memory.is_none() && compute.is_none() && compute_cap.is_none() {
-                anyhow::bail!("nothing to set: give --memory, --compute or --compute-cap");
+            if memory.is_none()
+                && compute.is_none()
+                && compute_cap.is_none()
+                && compute_priority.is_none()
+            {
+                anyhow::bail!(
+                    "nothing to set: give --memory, --compute, --compute-cap or --compute-priority"
+                );
+            }
+            if compute_priority.is_some() && !gpus.is_empty() {
+                anyhow::bail!(
+                    "--compute-priority applies on every GPU: set it without --gpu (nothing was changed)"
+                );
             }
             // With --gpu every value given goes per GPU, as written; the agent resolves the
             // GPUs. The plain fields stay unset then (an agent without per-GPU limits
@@ -126,6 +144,7 @@ pub fn run(args: &LimitArgs) -> Result<()> {
                         memory_bytes: *memory,
                         compute_pct: *compute,
                         compute_cap_pct: *compute_cap,
+                        compute_priority: *compute_priority,
                         ..Limit::default()
                     },
                     ..LimitSetRequest::default()
@@ -230,10 +249,14 @@ pub fn table(entries: &[LimitEntry]) -> String {
             .effective
             .compute_cap_pct
             .map_or("-".into(), |p| format!("{p}%"));
-        let note = match &e.memory_limit_from {
+        let mut note = match &e.memory_limit_from {
             Some(from) if *from != e.cgroup => format!("memory inherited from {from}"),
             _ => String::new(),
         };
+        if let Some(p) = e.effective.compute_priority {
+            let sep = if note.is_empty() { "" } else { "; " };
+            let _ = write!(note, "{sep}priority {}", p.as_str());
+        }
         let _ = writeln!(
             out,
             "{:<width$}  {memory:>10}  {compute:>8}  {cap:>8}  {note}",

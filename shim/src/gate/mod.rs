@@ -101,13 +101,7 @@ pub static STATS: Stats = Stats {
     estimated_batches: AtomicU64::new(0),
 };
 
-pub fn now_ns() -> u64 {
-    // SAFETY: timespec is plain data; clock_gettime writes it.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: valid clock id and out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use fgpu_common::clock::mono_ns as now_ns;
 
 /// Settles the completed batches of every stream whose bookkeeping is free right now.
 /// Returns whether some batch is still outstanding. With `close_paused` (the watcher thread

@@ -394,13 +394,7 @@ fn watch_total() {
     loop {
         let t = total();
         if t != t0 {
-            let mut ts = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            };
-            // SAFETY: valid out-pointer.
-            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-            let ns = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+            let ns = fgpu_common::clock::mono_ns();
             out(format!("watch changed total={t} mono_ns={ns}"));
             return;
         }

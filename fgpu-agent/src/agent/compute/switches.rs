@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::{MAX_DRAIN_NS, TICK, TenantId};
+use super::sched::{MAX_DRAIN_NS, TICK, TenantId};
 
 /// Upper bounds of the histogram's buckets, seconds.
 pub const BUCKETS: [f64; 9] = [

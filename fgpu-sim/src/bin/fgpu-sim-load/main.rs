@@ -56,16 +56,7 @@ mod nvml;
 use api::{Api, Lib, Ptr, fn_ptr, launch_table};
 use driver::Driver;
 
-/// CLOCK_MONOTONIC in ms.
-fn mono_ms() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into a valid timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
-}
+use fgpu_common::clock::mono_ms;
 
 fn out(line: String) {
     let mut o = std::io::stdout().lock();

@@ -1,16 +1,13 @@
-//! One gated (cgroup, device) — a *tenant* — as the controller keeps it across ticks: what
-//! its processes do (read from the ledger each tick, see `Ledger::activity`), its virtual
-//! time, its cap's bucket, its mode (turns or co-running) and its history for status.
+//! One gated (cgroup, device) — a *tenant* — as the scheduler keeps it across ticks: what its
+//! processes did at the last observation, its virtual time, its cap's bucket, its mode (turns
+//! or co-running) and its history for status. Nothing here reads a clock or a ledger: every
+//! method takes the tick's time and the tick's observation.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
-use std::sync::atomic::Ordering::SeqCst;
 
-use fgpu_common::ledger::DeviceTurn;
 use fgpu_common::ledger::compute::Activity;
 
-use super::{ACHIEVED_OVER, FRESH_BEATS, MIN_QUANTUM_NS, WINDOW_NS};
-use crate::agent::ledgers::CgroupLedger;
+use super::{ACHIEVED_OVER, MIN_QUANTUM_NS, Observation, Priority, WINDOW_NS};
 
 /// The most a container's active processes scale its per-process queue bound by.
 pub const MAX_QUEUE_SCALE: u32 = 4;
@@ -32,7 +29,8 @@ pub struct Held {
     pub since: u64,
     /// When it was granted, ns (for the statistics).
     pub granted: u64,
-    /// Whether a launch was seen in it yet.
+    /// Whether a launch was seen in it yet (a cap is charged from then on: the wake-up of a
+    /// process waiting for the grant is not the tenant's device time).
     pub launched: bool,
     /// Opened while the previous holder's work still drains: its processes may launch (the
     /// work queues behind the drain), but its clock starts when the drain ends.
@@ -50,6 +48,8 @@ pub struct TurnStats {
     pub ended_idle: u64,
     /// Turns ended by an empty cap bucket.
     pub ended_cap: u64,
+    /// Turns ended early for a tenant of a higher priority class.
+    pub ended_priority: u64,
     /// Time from grant to the end of its turns, ns.
     pub turn_ns: u64,
     /// Time its drains took after its turns, ns, and how many ended at their deadline
@@ -60,27 +60,31 @@ pub struct TurnStats {
     pub first_launch_ns: u64,
     /// Time it waited for a turn while another tenant's drain ran, ns (switch latency).
     pub switch_wait_ns: u64,
+    /// Times it was placed forward to the device's virtual time (joining, waking, or past
+    /// the lag bound), and the virtual time it lost so, ns of its own device time.
+    pub placed: u64,
+    pub placed_ns: u64,
 }
 
 pub struct Tenant {
-    pub ledger: Arc<CgroupLedger>,
-    pub idx: usize,
     /// The device's key (UUID hash) the record is bound to.
     pub device: u64,
     pub share: u32,
     pub cap: u32,
+    pub priority: Priority,
+    /// The observation's incarnation this state belongs to.
+    pub incarnation: u64,
     /// Measured GPU time at the last tick (the ledger's `gpu_ns`).
     pub last_gpu: u64,
-    /// Device time held in turns / weight: the next turn goes to the waiting tenant furthest
-    /// behind.
+    /// Device time held in turns (or measured while co-running) ÷ weight: the next turn goes
+    /// to the waiting tenant furthest behind. Never more than one quantum behind the
+    /// device's virtual time ([`super::Scheduler`]).
     pub vtime: f64,
-    /// A cap's bucket of measured GPU time, ns.
+    /// Whether it competed for the device at the last tick (held a turn, or waited for one
+    /// it may have): a tenant that starts competing is placed at the device's virtual time.
+    pub competing: bool,
+    /// A cap's bucket of device time, ns.
     pub tokens: i64,
-    /// Since its last turn began: measured GPU time, device time held (the turn and its
-    /// drain), and what its cap's bucket was charged — the smaller of the two.
-    cap_gpu: u64,
-    cap_held: u64,
-    cap_charged: u64,
     /// This tick's view of its processes.
     pub act: Activity,
     /// The newest launch stamp seen, and when it (or measured GPU time) last moved, ns.
@@ -106,22 +110,20 @@ pub struct Tenant {
 }
 
 impl Tenant {
-    pub fn new(ledger: Arc<CgroupLedger>, idx: usize, device: u64, vtime: f64) -> Tenant {
-        let gpu = ledger.ledger().usage.compute[idx].gpu_ns.load(SeqCst);
+    /// A tenant first observed as `o`, starting at virtual time `vtime`.
+    pub fn new(o: &Observation, vtime: f64) -> Tenant {
         Tenant {
-            ledger,
-            idx,
-            device,
-            share: 0,
-            cap: 0,
-            last_gpu: gpu,
+            device: o.device,
+            share: o.share,
+            cap: o.cap,
+            priority: o.priority,
+            incarnation: o.incarnation,
+            last_gpu: o.gpu_ns,
             vtime,
+            competing: false,
             tokens: 0,
-            cap_gpu: 0,
-            cap_held: 0,
-            cap_charged: 0,
             act: Activity::default(),
-            launch_beat: 0,
+            launch_beat: o.act.last_launch,
             launch_at: 0,
             mode: Mode::Turns,
             duty: 1.0,
@@ -137,10 +139,6 @@ impl Tenant {
         }
     }
 
-    pub fn turn(&self) -> &DeviceTurn {
-        self.ledger.ledger().turn(self.idx)
-    }
-
     pub fn weight(&self) -> f64 {
         f64::from(if gated(self.share) {
             self.share
@@ -154,13 +152,24 @@ impl Tenant {
         gated(self.cap)
     }
 
-    /// May get the device now (a cap's bucket is not empty).
+    /// May keep the device (a cap's bucket is not empty).
     pub fn eligible(&self) -> bool {
         !self.capped() || self.tokens > 0
     }
 
+    /// May be granted a turn: a cap's bucket holds half its burst (a turn granted on the
+    /// first token would end a tick later: the cap would go to grant and drain latencies).
+    pub fn may_start(&self) -> bool {
+        !self.capped() || self.tokens >= WINDOW_NS * i64::from(self.cap) / 200
+    }
+
     pub fn waiting(&self) -> bool {
         self.act.waiting > 0
+    }
+
+    /// Competes for the device now: holds a turn, or waits for one it may have.
+    pub fn competes(&self) -> bool {
+        self.mode == Mode::Turns && (self.held.is_some() || (self.waiting() && self.may_start()))
     }
 
     /// The length of its turn in a round of `round_ns`, ns of device time.
@@ -169,16 +178,13 @@ impl Tenant {
         q.max(MIN_QUANTUM_NS) as u64
     }
 
-    /// Reads the ledger at tick time `now` (`dt` since the last tick): measured time, the
-    /// cap's bucket, what its processes do. Bumps the device's heartbeat.
-    pub fn observe(&mut self, now: u64, dt: i64) {
-        let beat = self.turn().heartbeat.fetch_add(1, SeqCst) + 1;
-        self.act = self.ledger.ledger().activity(self.idx, beat, FRESH_BEATS);
-        let gpu = self.ledger.ledger().usage.compute[self.idx]
-            .gpu_ns
-            .load(SeqCst);
-        let delta = gpu.saturating_sub(self.last_gpu);
-        self.last_gpu = gpu;
+    /// Takes this tick's observation `o` at time `now` (`dt` since the last tick): measured
+    /// time, the cap's bucket, what its processes do.
+    pub fn observe(&mut self, o: &Observation, now: u64, dt: i64) {
+        (self.share, self.cap, self.priority) = (o.share, o.cap, o.priority);
+        self.act = o.act;
+        let delta = o.gpu_ns.saturating_sub(self.last_gpu);
+        self.last_gpu = o.gpu_ns;
         if self.mode == Mode::Turns {
             // Taking turns, all it runs runs in its turns (measured a little later).
             self.duty_gpu = self.duty_gpu.saturating_add(delta);
@@ -186,11 +192,12 @@ impl Tenant {
         if self.capped() {
             let burst = WINDOW_NS * i64::from(self.cap) / 100;
             self.tokens = (self.tokens + dt * i64::from(self.cap) / 100).min(burst);
-            if self.mode == Mode::CoRun {
+        }
+        if self.mode == Mode::CoRun {
+            // Beside the holder its device time is what it measured.
+            self.vtime += delta as f64 / self.weight();
+            if self.capped() {
                 self.tokens -= delta.min(i64::MAX as u64) as i64;
-            } else {
-                self.cap_gpu = self.cap_gpu.saturating_add(delta);
-                self.settle_cap();
             }
         }
         if self.act.last_launch != self.launch_beat || delta > 0 {
@@ -209,15 +216,15 @@ impl Tenant {
     /// The queue bound for each of its processes, from the device's `base`: with `scale`,
     /// times its processes using the device (waiting, launching or with work in flight: at
     /// most [`MAX_QUEUE_SCALE`]; waiting ones count, so the bound is already scaled when
-    /// its turn is granted). Several
-    /// processes of one container share its turn, and the driver time-slices their contexts:
-    /// each batch's events then span the others' work too, so each process's estimates grow
-    /// about N-fold and an unscaled bound left each of them about 1/N of its real work
-    /// queued — on the H200 the processes of a 2-process ResNet container spent ~10% of their
-    /// turns waiting for their oldest batch (`sync_ms`), where one process alone spent none.
-    /// Scaled, the container's real queued work stays about N × base; the drain after its
-    /// turn is bounded by the controller's deadline whatever the pages say, and a container
-    /// forging launch stamps in many slots gains at most the cap.
+    /// its turn is granted). Several processes of one container share its turn, and the
+    /// driver time-slices their contexts: each batch's events then span the others' work
+    /// too, so each process's estimates grow about N-fold and an unscaled bound left each of
+    /// them about 1/N of its real work queued — on the H200 the processes of a 2-process
+    /// ResNet container spent ~10% of their turns waiting for their oldest batch
+    /// (`sync_ms`), where one process alone spent none. Scaled, the container's real queued
+    /// work stays about N × base; the drain after its turn is bounded by the controller's
+    /// deadline whatever the pages say, and a container forging launch stamps in many slots
+    /// gains at most the cap.
     pub fn queue_bound(&self, base: u64, scale: bool) -> u64 {
         queue_bound(base, self.act.active, scale)
     }
@@ -238,26 +245,14 @@ impl Tenant {
         now.saturating_sub(self.launch_at.max(since)) >= grace
     }
 
-    /// Not using the device at all (for the no-banking rule): no turn, nobody waiting (fresh
-    /// stamps only), no launch and no measured time for `idle_ns`. Work its page still counts
-    /// as queued does not make it busy: a process SIGSTOPped or frozen (`docker pause`) with
-    /// batches in flight keeps its count, and so can a forged page — counted as busy, its
-    /// virtual time fell behind for as long as it stood still, and once resumed it held the
-    /// device until it caught up (1.5 s of a 1.5 s freeze, on the simulator). While its last
-    /// turn's work drains it is charged the drain, so keeping it level changes nothing then.
-    pub fn idle(&self, now: u64, idle_ns: u64) -> bool {
-        self.held.is_none()
-            && !self.waiting()
-            && self.mode == Mode::Turns
-            && now.saturating_sub(self.launch_at) >= idle_ns
-    }
-
     /// Charges `dt` of device time it held (in a turn or its drain): virtual time, the
-    /// status total (`turn_total`), and the duty sample (taken every `sample_ns` of turn time).
-    pub fn charge(&mut self, dt: u64, sample_ns: u64) {
+    /// status total (`turn_total`), the duty sample (taken every `sample_ns` of turn time),
+    /// and a cap's bucket once the turn saw its first launch (`for_cap`).
+    pub fn charge(&mut self, dt: u64, sample_ns: u64, for_cap: bool) {
         self.vtime += dt as f64 / self.weight();
-        self.cap_held = self.cap_held.saturating_add(dt);
-        self.settle_cap();
+        if self.capped() && for_cap {
+            self.tokens -= dt.min(i64::MAX as u64) as i64;
+        }
         self.turn_total += dt;
         self.duty_turn += dt;
         if self.duty_turn >= sample_ns {
@@ -267,23 +262,15 @@ impl Tenant {
         }
     }
 
-    /// A turn begins: its cap is charged afresh ([`settle_cap`](Self::settle_cap)).
-    pub fn begin_turn(&mut self) {
-        (self.cap_gpu, self.cap_held, self.cap_charged) = (0, 0, 0);
-    }
-
-    /// Charges a cap's bucket, taking turns, with the smaller of the measured GPU time and
-    /// the device time held since its turn began. Measured time alone overstates a
-    /// container with several processes: each batch's events span the others' work too
-    /// (two saturating processes capped at 30 on the simulator got 19.6% together); held
-    /// time alone would charge a single process its grant latencies too (23% at a 30 cap).
-    fn settle_cap(&mut self) {
-        if !self.capped() {
-            return;
+    /// Moves its virtual time forward to `v` (never back); returns whether it moved.
+    pub fn place(&mut self, v: f64) -> bool {
+        if self.vtime >= v {
+            return false;
         }
-        let c = self.cap_gpu.min(self.cap_held);
-        self.tokens -= c.saturating_sub(self.cap_charged).min(i64::MAX as u64) as i64;
-        self.cap_charged = self.cap_charged.max(c);
+        self.stats.placed += 1;
+        self.stats.placed_ns += ((v - self.vtime) * self.weight()) as u64;
+        self.vtime = v;
+        true
     }
 
     /// Starts over on duty (it co-ran, or comes back to turns).

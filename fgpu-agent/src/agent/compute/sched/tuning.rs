@@ -10,12 +10,12 @@ use super::{LIGHT_DUTY, QUEUE_NS, ROUND_NS};
 /// next turn while the previous holder drains), `FGPU_COMPUTE_QUEUE_SCALE` (0/1: scale the
 /// queue bound by the container's active processes, `Tenant::queue_bound`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Tuning {
-    pub(super) light_duty: f64,
-    pub(super) round_ns: i64,
-    pub(super) queue_ns: u64,
-    pub(super) overlap: bool,
-    pub(super) queue_scale: bool,
+pub struct Tuning {
+    pub light_duty: f64,
+    pub round_ns: i64,
+    pub queue_ns: u64,
+    pub overlap: bool,
+    pub queue_scale: bool,
 }
 
 impl Default for Tuning {
@@ -32,7 +32,7 @@ impl Default for Tuning {
 
 impl Tuning {
     /// The defaults with the agent's environment's overrides.
-    pub(super) fn from_env() -> Tuning {
+    pub fn from_env() -> Tuning {
         Tuning::from_lookup(|name| std::env::var(name).ok())
     }
 
@@ -97,7 +97,7 @@ mod tests {
     fn no_overrides_are_the_documented_defaults() {
         let t = with(&[]);
         assert_eq!(t, Tuning::default());
-        assert_eq!(t.round_ns, 400_000_000);
+        assert_eq!(t.round_ns, 200_000_000);
         assert_eq!(t.queue_ns, 4_000_000);
         assert!(!t.overlap && t.queue_scale);
     }

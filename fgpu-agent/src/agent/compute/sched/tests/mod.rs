@@ -1,0 +1,340 @@
+//! The scheduler in simulated time ([`model`]): what tenants get, window by window.
+//!
+//! Each test states the behaviour docs/compute.md promises (issue 25's figures: a newcomer
+//! gets 40-60% of every 1 s window from its first, an incumbent never drops under 40%, a cap
+//! holds within one point over every 2 s window) and checks it on the device model, in
+//! milliseconds of CPU time.
+
+mod model;
+
+use self::model::{MS, Proc, Sim, Work, show};
+use super::Priority::{High, Low, Normal};
+
+const KERNEL: u64 = MS;
+const SAT: Work = Work::Saturate { kernel: KERNEL };
+
+fn all_within(w: &[f64], lo: f64, hi: f64) -> bool {
+    !w.is_empty() && w.iter().all(|x| (lo..=hi).contains(x))
+}
+
+#[test]
+fn a_tenant_joining_a_busy_gpu_gets_its_share_from_its_first_second() {
+    let mut s = Sim::new();
+    let a = s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    let b = s.tenant(50, 0, Normal, vec![Proc::new(SAT).from(5000)]);
+    s.run_until(15_000);
+    assert!(
+        s.pct(a, 1000, 5000) > 95.0,
+        "alone: {:.1}",
+        s.pct(a, 1000, 5000)
+    );
+    let (wa, wb) = (
+        s.windows(a, 5000, 15_000, 1000),
+        s.windows(b, 5000, 15_000, 1000),
+    );
+    assert!(
+        all_within(&wb, 40.0, 60.0),
+        "newcomer per second: {}",
+        show(&wb)
+    );
+    assert!(
+        all_within(&wa, 40.0, 60.0),
+        "incumbent per second: {}",
+        show(&wa)
+    );
+    // Settled within 2 s, and no oscillation after.
+    let late = s.windows(b, 7000, 15_000, 1000);
+    assert!(all_within(&late, 45.0, 55.0), "after 2 s: {}", show(&late));
+}
+
+/// Issue 25's root: a tenant that launched a little for seconds (PyTorch importing,
+/// benchmarking cuDNN, warming up) was never idle long enough to be brought level, fell
+/// seconds behind, and then took 95% of the device for 4 s.
+#[test]
+fn a_tenant_that_warmed_up_lightly_gets_no_catch_up() {
+    let mut s = Sim::new();
+    let a = s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    let warm = Work::Steps {
+        kernel: 100_000,
+        host: 900_000,
+        sync: false,
+    };
+    let b = s.tenant(
+        50,
+        0,
+        Normal,
+        vec![Proc::new(warm).from(2000).then(8000, SAT)],
+    );
+    s.run_until(18_000);
+    let (wa, wb) = (
+        s.windows(a, 8000, 18_000, 1000),
+        s.windows(b, 8000, 18_000, 1000),
+    );
+    assert!(
+        all_within(&wb, 40.0, 60.0),
+        "after warm-up, per second: {}",
+        show(&wb)
+    );
+    assert!(
+        all_within(&wa, 40.0, 60.0),
+        "incumbent per second: {}",
+        show(&wa)
+    );
+    // While it warmed up it was served (it needs ~10% of the device alone; beside A its
+    // measured time over-states its use, so it takes turns part of the time) and A kept
+    // the rest.
+    assert!(
+        s.pct(b, 3000, 8000) > 4.0,
+        "warm-up served: {:.1}",
+        s.pct(b, 3000, 8000)
+    );
+    assert!(
+        s.pct(a, 3000, 8000) > 85.0,
+        "incumbent: {:.1}",
+        s.pct(a, 3000, 8000)
+    );
+}
+
+#[test]
+fn a_killed_holder_loses_the_device_and_its_restart_gets_no_catch_up() {
+    let mut s = Sim::new();
+    let a = s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    let b = s.tenant(
+        50,
+        0,
+        Normal,
+        vec![
+            Proc::new(SAT).from(1000).killed(6000),
+            Proc::new(SAT).from(9000),
+        ],
+    );
+    s.run_until(19_000);
+    assert!(
+        s.pct(a, 6000, 9000) > 95.0,
+        "after the kill: {:.1}",
+        s.pct(a, 6000, 9000)
+    );
+    let (wa, wb) = (
+        s.windows(a, 9000, 19_000, 1000),
+        s.windows(b, 9000, 19_000, 1000),
+    );
+    assert!(
+        all_within(&wb, 40.0, 60.0),
+        "restarted, per second: {}",
+        show(&wb)
+    );
+    assert!(
+        all_within(&wa, 40.0, 60.0),
+        "incumbent, per second: {}",
+        show(&wa)
+    );
+}
+
+#[test]
+fn a_stopped_tenant_frees_the_device_and_resumes_level() {
+    let mut s = Sim::new();
+    let a = s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    let b = s.tenant(50, 0, Normal, vec![Proc::new(SAT).stopped(4000, 7000)]);
+    s.run_until(15_000);
+    assert!(
+        s.pct(a, 4100, 7000) > 95.0,
+        "while B is stopped: {:.1}",
+        s.pct(a, 4100, 7000)
+    );
+    let (wa, wb) = (
+        s.windows(a, 7000, 15_000, 1000),
+        s.windows(b, 7000, 15_000, 1000),
+    );
+    assert!(
+        all_within(&wb, 40.0, 60.0),
+        "resumed, per second: {}",
+        show(&wb)
+    );
+    assert!(
+        all_within(&wa, 40.0, 60.0),
+        "the other, per second: {}",
+        show(&wa)
+    );
+}
+
+#[test]
+fn a_container_of_two_processes_gets_the_share_of_one() {
+    let mut s = Sim::new();
+    let a = s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    let b = s.tenant(50, 0, Normal, vec![Proc::new(SAT), Proc::new(SAT)]);
+    s.run_until(12_000);
+    let (pa, pb) = (s.pct(a, 2000, 12_000), s.pct(b, 2000, 12_000));
+    assert!(
+        (pa - 50.0).abs() <= 5.0 && (pb - 50.0).abs() <= 5.0,
+        "{pa:.1} / {pb:.1}"
+    );
+}
+
+#[test]
+fn a_cap_is_hard_on_an_idle_device() {
+    for (name, procs) in [
+        ("one GPU-bound process", vec![Proc::new(SAT)]),
+        (
+            "two GPU-bound processes",
+            vec![Proc::new(SAT), Proc::new(SAT)],
+        ),
+        (
+            "a host-gapped loop",
+            vec![Proc::new(Work::Steps {
+                kernel: 2 * MS,
+                host: MS,
+                sync: true,
+            })],
+        ),
+    ] {
+        let mut bare = Sim::new();
+        let b = bare.tenant(0, 0, Normal, procs.clone());
+        bare.run_until(4000);
+        let bare = bare.pct(b, 1000, 4000);
+        let mut s = Sim::new();
+        let a = s.tenant(0, 30, Normal, procs);
+        s.run_until(12_000);
+        let w = s.windows(a, 0, 12_000, 2000);
+        assert!(
+            w.iter().all(|x| *x <= 31.0),
+            "{name}: capped at 30, device time per 2 s: {}",
+            show(&w)
+        );
+        // Its rate (device time it ran ÷ what it runs alone): at the cap, not above.
+        let rate = s.pct(a, 2000, 12_000) * 100.0 / bare;
+        assert!(
+            (26.0..=32.0).contains(&rate),
+            "{name}: {rate:.1}% of its bare rate ({bare:.1}% alone)"
+        );
+    }
+}
+
+#[test]
+fn equal_shares_of_one_to_eight_tenants() {
+    for n in 2..=8u32 {
+        let share = 100 / n;
+        let mut s = Sim::new();
+        let ts: Vec<usize> = (0..n)
+            .map(|_| s.tenant(share, 0, Normal, vec![Proc::new(SAT)]))
+            .collect();
+        s.run_until(12_000);
+        let fair = 100.0 / f64::from(n);
+        for t in ts {
+            let p = s.pct(t, 2000, 12_000);
+            assert!(
+                (p - fair).abs() <= 5.0,
+                "{n} tenants: {p:.1}, fair {fair:.1}"
+            );
+        }
+    }
+    let mut s = Sim::new();
+    let a = s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    s.run_until(3000);
+    assert!(
+        s.pct(a, 1000, 3000) > 95.0,
+        "alone, work-conserving: {:.1}",
+        s.pct(a, 1000, 3000)
+    );
+}
+
+#[test]
+fn uneven_shares_hold() {
+    for shares in [vec![25, 75], vec![20, 30, 50], vec![10, 20, 30, 40]] {
+        let mut s = Sim::new();
+        let ts: Vec<usize> = shares
+            .iter()
+            .map(|&sh| s.tenant(sh, 0, Normal, vec![Proc::new(SAT)]))
+            .collect();
+        s.run_until(12_000);
+        for (t, sh) in ts.into_iter().zip(&shares) {
+            let p = s.pct(t, 2000, 12_000);
+            assert!(
+                (p - f64::from(*sh)).abs() <= 5.0,
+                "{shares:?}: {p:.1} for {sh}"
+            );
+        }
+    }
+}
+
+/// Steps per second of a light step loop, alone and beside a GPU-bound neighbour.
+fn light_steps(neighbour: bool, priority: super::Priority, kernel: u64, host: u64) -> (f64, f64) {
+    let mut s = Sim::new();
+    let work = Work::Steps {
+        kernel,
+        host,
+        sync: true,
+    };
+    let l = s.tenant(50, 0, priority, vec![Proc::new(work)]);
+    let n = neighbour.then(|| s.tenant(50, 0, Normal, vec![Proc::new(SAT)]));
+    s.run_until(10_000);
+    (
+        s.pct(l, 2000, 10_000),
+        n.map_or(0.0, |n| s.pct(n, 2000, 10_000)),
+    )
+}
+
+#[test]
+fn a_tenant_doing_two_percent_work_is_not_held_back() {
+    let (alone, _) = light_steps(false, Normal, 20_000, 980_000);
+    let (beside, neighbour) = light_steps(true, Normal, 20_000, 980_000);
+    assert!(alone > 1.5, "alone it does ~2%: {alone:.2}");
+    assert!(
+        beside >= 0.8 * alone,
+        "beside a neighbour {beside:.2}% vs {alone:.2}% alone"
+    );
+    assert!(
+        neighbour >= 90.0,
+        "the neighbour gets the rest: {neighbour:.1}"
+    );
+}
+
+#[test]
+fn high_priority_is_served_first_within_its_share() {
+    // A latency-bound step loop (2 ms of GPU per 8 ms of host) beside a GPU-bound one.
+    let (normal, _) = light_steps(true, Normal, 2 * MS, 8 * MS);
+    let (high, neighbour) = light_steps(true, High, 2 * MS, 8 * MS);
+    let (alone, _) = light_steps(false, Normal, 2 * MS, 8 * MS);
+    assert!(
+        high >= 0.75 * alone,
+        "high: {high:.1}% of the device, alone {alone:.1}%"
+    );
+    assert!(high > normal, "high {high:.1} vs normal {normal:.1}");
+    assert!(
+        neighbour >= 50.0,
+        "the neighbour keeps its share and the spill-over: {neighbour:.1}"
+    );
+    // Both GPU-bound: high gets its share, not more.
+    let mut s = Sim::new();
+    let h = s.tenant(50, 0, High, vec![Proc::new(SAT)]);
+    let n = s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    s.run_until(12_000);
+    let (ph, pn) = (s.pct(h, 2000, 12_000), s.pct(n, 2000, 12_000));
+    assert!(
+        (ph - 50.0).abs() <= 5.0 && (pn - 50.0).abs() <= 5.0,
+        "{ph:.1} / {pn:.1}"
+    );
+}
+
+#[test]
+fn low_priority_only_gets_idle_time() {
+    let mut s = Sim::new();
+    let l = s.tenant(50, 0, Low, vec![Proc::new(SAT)]);
+    let n = s.tenant(
+        50,
+        0,
+        Normal,
+        vec![Proc::new(SAT).then(6000, Work::Idle).then(9000, SAT)],
+    );
+    s.run_until(14_000);
+    let busy = s.pct(l, 1000, 6000);
+    assert!(busy <= 3.0, "low beside a busy normal tenant: {busy:.1}");
+    assert!(s.pct(n, 1000, 6000) >= 95.0);
+    let idle = s.pct(l, 6200, 9000);
+    assert!(idle >= 90.0, "low on an idle device: {idle:.1}");
+    let back = s.windows(l, 9000, 14_000, 1000);
+    assert!(
+        back.iter().all(|x| *x <= 5.0),
+        "the normal tenant back: {}",
+        show(&back)
+    );
+}
