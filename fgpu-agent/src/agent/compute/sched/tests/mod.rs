@@ -17,6 +17,24 @@ fn all_within(w: &[f64], lo: f64, hi: f64) -> bool {
     !w.is_empty() && w.iter().all(|x| (lo..=hi).contains(x))
 }
 
+/// Both tenants get 40-60% of every 1 s window of [from_ms, to_ms).
+fn both_fair(
+    s: &Sim,
+    (b, what_b): (usize, &str),
+    (a, what_a): (usize, &str),
+    from_ms: u64,
+    to_ms: u64,
+) {
+    for (t, what) in [(b, what_b), (a, what_a)] {
+        let w = s.windows(t, from_ms, to_ms, 1000);
+        assert!(
+            all_within(&w, 40.0, 60.0),
+            "{what}, per second: {}",
+            show(&w)
+        );
+    }
+}
+
 #[test]
 fn a_tenant_joining_a_busy_gpu_gets_its_share_from_its_first_second() {
     let mut s = Sim::new();
@@ -28,20 +46,7 @@ fn a_tenant_joining_a_busy_gpu_gets_its_share_from_its_first_second() {
         "alone: {:.1}",
         s.pct(a, 1000, 5000)
     );
-    let (wa, wb) = (
-        s.windows(a, 5000, 15_000, 1000),
-        s.windows(b, 5000, 15_000, 1000),
-    );
-    assert!(
-        all_within(&wb, 40.0, 60.0),
-        "newcomer per second: {}",
-        show(&wb)
-    );
-    assert!(
-        all_within(&wa, 40.0, 60.0),
-        "incumbent per second: {}",
-        show(&wa)
-    );
+    both_fair(&s, (b, "newcomer"), (a, "incumbent"), 5000, 15_000);
     // Settled within 2 s, and no oscillation after.
     let late = s.windows(b, 7000, 15_000, 1000);
     assert!(all_within(&late, 45.0, 55.0), "after 2 s: {}", show(&late));
@@ -66,20 +71,7 @@ fn a_tenant_that_warmed_up_lightly_gets_no_catch_up() {
         vec![Proc::new(warm).from(2000).then(8000, SAT)],
     );
     s.run_until(18_000);
-    let (wa, wb) = (
-        s.windows(a, 8000, 18_000, 1000),
-        s.windows(b, 8000, 18_000, 1000),
-    );
-    assert!(
-        all_within(&wb, 40.0, 60.0),
-        "after warm-up, per second: {}",
-        show(&wb)
-    );
-    assert!(
-        all_within(&wa, 40.0, 60.0),
-        "incumbent per second: {}",
-        show(&wa)
-    );
+    both_fair(&s, (b, "after warm-up"), (a, "incumbent"), 8000, 18_000);
     // While it warmed up it was served (it needs ~10% of the device alone; beside A its
     // measured time over-states its use, so it takes turns part of the time) and A kept
     // the rest.
@@ -114,20 +106,7 @@ fn a_killed_holder_loses_the_device_and_its_restart_gets_no_catch_up() {
         "after the kill: {:.1}",
         s.pct(a, 6000, 9000)
     );
-    let (wa, wb) = (
-        s.windows(a, 9000, 19_000, 1000),
-        s.windows(b, 9000, 19_000, 1000),
-    );
-    assert!(
-        all_within(&wb, 40.0, 60.0),
-        "restarted, per second: {}",
-        show(&wb)
-    );
-    assert!(
-        all_within(&wa, 40.0, 60.0),
-        "incumbent, per second: {}",
-        show(&wa)
-    );
+    both_fair(&s, (b, "restarted"), (a, "incumbent"), 9000, 19_000);
 }
 
 #[test]
@@ -141,20 +120,7 @@ fn a_stopped_tenant_frees_the_device_and_resumes_level() {
         "while B is stopped: {:.1}",
         s.pct(a, 4100, 7000)
     );
-    let (wa, wb) = (
-        s.windows(a, 7000, 15_000, 1000),
-        s.windows(b, 7000, 15_000, 1000),
-    );
-    assert!(
-        all_within(&wb, 40.0, 60.0),
-        "resumed, per second: {}",
-        show(&wb)
-    );
-    assert!(
-        all_within(&wa, 40.0, 60.0),
-        "the other, per second: {}",
-        show(&wa)
-    );
+    both_fair(&s, (b, "resumed"), (a, "the other"), 7000, 15_000);
 }
 
 #[test]
