@@ -36,18 +36,7 @@ pub struct Limit {
 /// A cgroup's compute priority class (`fgpu limit set --compute-priority`, docs/compute.md
 /// "Priority").
 #[derive(
-    Debug,
-    Clone,
-    Copy,
-    Default,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    clap::ValueEnum,
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum ComputePriority {
@@ -62,6 +51,19 @@ pub enum ComputePriority {
 }
 
 impl ComputePriority {
+    /// Every class, in the order `--help` lists them.
+    pub const ALL: [ComputePriority; 3] = [
+        ComputePriority::High,
+        ComputePriority::Normal,
+        ComputePriority::Low,
+    ];
+
+    /// The class named `s` (`high`, `normal`, `low`), as the CLI and the CDI environment
+    /// write it.
+    pub fn parse(s: &str) -> Option<ComputePriority> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ComputePriority::High => "high",

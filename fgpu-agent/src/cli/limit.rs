@@ -70,7 +70,7 @@ enum LimitCommand {
         /// waiting ends a normal tenant's turn within ~2 ms) and what it leaves unused goes
         /// to the others at once; `low` only gets time no normal or high tenant wants. Takes
         /// effect with a --compute share or --compute-cap (here or inherited).
-        #[arg(long, value_name = "CLASS", value_enum)]
+        #[arg(long, value_name = "CLASS", value_parser = priority_arg())]
         compute_priority: Option<crate::api::ComputePriority>,
     },
     /// Show the limits that apply to a cgroup (its own, or inherited from an ancestor).
@@ -104,6 +104,17 @@ fn size(s: &str) -> Result<u64, String> {
 
 fn pct(s: &str) -> Result<u8, String> {
     parse_percent(s).map_err(|e| e.to_string())
+}
+
+/// `--compute-priority`: one of the classes, listed in `--help` and in the error for any
+/// other word (the wire type stays free of clap: the fuzz crate builds it alone).
+fn priority_arg() -> impl clap::builder::TypedValueParser<Value = crate::api::ComputePriority> {
+    use clap::builder::{PossibleValuesParser, TypedValueParser};
+    let names = crate::api::ComputePriority::ALL.map(|p| p.as_str());
+    PossibleValuesParser::new(names).map(|s| {
+        crate::api::ComputePriority::parse(&s)
+            .expect("PossibleValuesParser admits only class names")
+    })
 }
 
 pub fn run(args: &LimitArgs) -> Result<()> {
