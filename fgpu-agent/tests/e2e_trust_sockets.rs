@@ -33,8 +33,9 @@ def answer(s, t=5):
         return {"reply": "oserror %s" % e}, []
     if not msg:
         return {"reply": "closed"}, []
-    kind = struct.unpack_from("<H", msg, 6)[0]
-    text = (msg[20:] if kind == 0x8010 else msg[12:]).decode(errors="replace")
+    kind, length = struct.unpack_from("<HI", msg, 6)
+    end = 12 + length  # one frame: a second one sent behind it is not this answer's
+    text = (msg[20:end] if kind == 0x8010 else msg[12:end]).decode(errors="replace")
     out = {"kind": kind, "text": text, "fds": len(fds)}
     if len(fds) == 2:
         out["usage_ino"] = os.fstat(fds[1]).st_ino

@@ -353,3 +353,64 @@ fn privileged_a_tenant_joining_after_a_light_warm_up_gets_no_catch_up() {
     assert!((40.0..=60.0).contains(&j), "joiner {j:.1}%\n{ctx}");
     assert!((40.0..=60.0).contains(&i), "incumbent {i:.1}%\n{ctx}");
 }
+
+/// Hierarchical shares: a pod cgroup at 50 whose two containers (child cgroups without a
+/// share of their own, each a ledger) both saturate gets 50 between them, next to another
+/// tenant at 50 — not 50 each (which left the neighbour a third).
+#[test]
+fn privileged_a_pods_share_is_split_among_its_containers() {
+    if !privileged() {
+        return;
+    }
+    let _one = common::tenants::measuring();
+    let w = AgentWorld::new("clsteam");
+    let agent = w.agent();
+    let solo_rate = solo(&w, &agent, saturating(3000));
+    let pod = fgpu_testkit::Cgroup::new(&fgpu_testkit::unique("fgpu-cls-pod"));
+    w.set_limits(&pod, &["--compute", "50"]);
+    let name = pod.path.trim_start_matches('/').to_string();
+    let c1 = fgpu_testkit::Cgroup::new(&format!("{name}/c1"));
+    let c2 = fgpu_testkit::Cgroup::new(&format!("{name}/c2"));
+    let mut other = vec![tenant(
+        &w,
+        "other",
+        &["--compute", "50"],
+        &[saturating(6000)],
+    )];
+    let mut members = [
+        start(&w, &c1, &saturating(6000)),
+        start(&w, &c2, &saturating(6000)),
+    ];
+    go(&mut other);
+    for p in &mut members {
+        p.release();
+    }
+    let ctx = format!("agent log:\n{}", agent.log_text());
+    let pct = |f: &Finished| 100.0 * rate(f) / solo_rate;
+    let m: Vec<f64> = members
+        .into_iter()
+        .map(|p| {
+            let f = p.finish();
+            assert_eq!(f.code, Some(0), "{f}\n{ctx}");
+            pct(&f)
+        })
+        .collect();
+    let o = finish(other, &agent)[0][0] * 100.0 / solo_rate;
+    println!(
+        "pod at 50 with two containers vs a tenant at 50: containers {:.1}% + {:.1}% = {:.1}%, other {o:.1}% of the solo rate",
+        m[0],
+        m[1],
+        m[0] + m[1]
+    );
+    within(o, 50.0, 7.0, "the other tenant", &ctx);
+    within(
+        m[0] + m[1],
+        50.0,
+        7.0,
+        "the pod's two containers together",
+        &ctx,
+    );
+    for (i, x) in m.iter().enumerate() {
+        within(*x, 25.0, 6.0, &format!("container {}", i + 1), &ctx);
+    }
+}

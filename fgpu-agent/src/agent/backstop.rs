@@ -46,6 +46,8 @@ pub struct Tally {
     pub reconciled: u64,
     /// When the last over-limit record came.
     pub last_record: Option<std::time::Instant>,
+    /// When the reconcile pass last counted an overrun no record had explained yet.
+    last_reconciled: Option<std::time::Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -74,12 +76,10 @@ impl Backstop {
 
     /// The reconcile pass found the cgroup over its limit.
     pub fn reconciled(&self, cgroup_id: u64) {
-        self.tallies
-            .lock()
-            .expect("backstop lock")
-            .entry(cgroup_id)
-            .or_default()
-            .reconciled += 1;
+        let mut tallies = self.tallies.lock().expect("backstop lock");
+        let t = tallies.entry(cgroup_id).or_default();
+        t.reconciled += 1;
+        t.last_reconciled = Some(std::time::Instant::now());
     }
 
     /// Records one `OverLimit` or `OverBound` record from the kernel.
@@ -92,6 +92,14 @@ impl Backstop {
                 Some(EventKind::OverLimit) => {
                     t.over_limit += 1;
                     t.last_record = Some(std::time::Instant::now());
+                    // The reconcile pass may have seen this crossing a moment before its
+                    // record was read: the record explains it, counted once.
+                    if t.last_reconciled
+                        .take()
+                        .is_some_and(|at| at.elapsed() < super::enforce::RECONCILE_EVERY * 3)
+                    {
+                        t.reconciled = t.reconciled.saturating_sub(1);
+                    }
                 }
                 Some(EventKind::OverBound) => t.over_bound += 1,
                 _ => return,

@@ -80,11 +80,16 @@ pub fn ledger_of(
         let store = state.limits.lock().expect("limits lock");
         let chosen = ledger_for(&store, cgroup);
         let limit = store.effective(&chosen).0;
-        (chosen, limit)
+        let team = super::compute::team::TeamSpec::of(&store, &chosen);
+        (chosen, (limit, team))
     };
+    let (limit, team) = limit;
     let dir = state.cgroup2_mount.join(chosen.trim_start_matches('/'));
     let known = state.ledgers.get(&chosen).is_some();
     let ledger = state.ledgers.get_or_create(&chosen, &dir, usage, &limit)?;
+    if !known {
+        ledger.set_team(team);
+    }
     state.shims.register(shim.0, shim.1);
     if !known {
         if chosen != cgroup {

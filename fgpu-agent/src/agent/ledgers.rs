@@ -18,6 +18,8 @@ use fgpu_common::ledger::{Ledger, MAX_DEVICES, NO_LIMIT, uuid_key};
 use crate::api::{ComputePriority, Limit};
 
 use super::adopt;
+use super::compute::sched::Team;
+use super::compute::team::TeamSpec;
 
 /// A share or ceiling that gates launches (1-99; 0 and 100 do not).
 fn gated_pct(p: u32) -> bool {
@@ -35,6 +37,9 @@ pub struct CgroupLedger {
     /// Its effective compute priority (the controller reads it; shims never need it, so it
     /// lives here, not in the shared page).
     priority: std::sync::atomic::AtomicU8,
+    /// Its compute team, if its share is a part of an ancestor's (agent-side, like the
+    /// priority).
+    team: Mutex<Option<TeamSpec>>,
 }
 
 impl CgroupLedger {
@@ -60,6 +65,7 @@ impl CgroupLedger {
             usage_fd,
             map,
             priority: std::sync::atomic::AtomicU8::new(ComputePriority::Normal as u8),
+            team: Mutex::new(None),
         };
         ledger.ledger().init();
         fgpu_ledger::seal_limits(ledger.limits_fd.as_raw_fd())?;
@@ -68,6 +74,16 @@ impl CgroupLedger {
 
     pub fn ledger(&self) -> &Ledger {
         self.map.ledger()
+    }
+
+    /// Sets its compute team (`compute::team`; none: its share stands alone).
+    pub fn set_team(&self, team: Option<TeamSpec>) {
+        *self.team.lock().expect("team lock") = team;
+    }
+
+    /// Its team on the device of key `key`.
+    pub fn team_on(&self, key: u64) -> Option<Team> {
+        self.team.lock().expect("team lock").as_ref()?.on(key)
     }
 
     /// Its effective compute priority.

@@ -123,6 +123,7 @@ impl State {
         {
             let limits = self.limits.lock().expect("limits lock");
             for ledger in self.ledgers.all() {
+                ledger.set_team(super::compute::team::TeamSpec::of(&limits, &ledger.cgroup));
                 ledger.apply(&limits.effective(&ledger.cgroup).0);
             }
         }

@@ -290,11 +290,11 @@ impl Conn {
                         .await?;
                     bail!(SECOND_HELLO);
                 }
-                // Only a well-formed Hello earns the shim's right to hold the connection idle.
-                said_hello |= shim::HelloPayload::decode(&frame.payload)
-                    .is_some_and(|h| h.version == shim::VERSION);
+                // Only a Hello that got its ledger earns the shim's right to hold the
+                // connection idle (a refused one is answered once, then the idle timeout
+                // applies: a caller that has exited gets one "has exited", not two).
                 let fds = std::mem::take(&mut fds);
-                timeout(
+                said_hello |= timeout(
                     limits.write_timeout,
                     hello(&stream, &self.state, &caller, &frame, fds),
                 )
@@ -332,14 +332,15 @@ impl Conn {
 /// A shim introduces itself: hand over the ledger whose budget its cgroup is under. The
 /// cgroup is the one read at accept and confirmed through the caller's pidfd (the kernel's
 /// word, not the shim's), never read again by PID; a caller whose process has exited since
-/// is refused (its PID may name a process of another cgroup by now).
+/// is refused (its PID may name a process of another cgroup by now). Returns whether the
+/// shim got its ledger.
 async fn hello(
     stream: &UnixStream,
     state: &State,
     caller: &Caller,
     frame: &Frame,
     fds: Vec<OwnedFd>,
-) -> Result<()> {
+) -> Result<bool> {
     let peer = caller.peer;
     let ledger = (|| -> Result<_> {
         let hello = shim::HelloPayload::decode(&frame.payload).context("malformed Hello")?;
@@ -373,13 +374,14 @@ async fn hello(
             Frame::new(Kind::LedgerReply, shim::encode_ledger_reply(&ledger.cgroup))
                 .encode(&mut out)?;
             scm::send(stream, &out, &ledger.fds()).await?;
+            Ok(true)
         }
         Err(err) => {
             tracing::warn!(pid = peer.pid, "refused a shim: {err:#}");
             reply(stream, Frame::new(Kind::Error, format!("{err:#}"))).await?;
+            Ok(false)
         }
     }
-    Ok(())
 }
 
 /// Why a held connection is closed, or a Hello on it refused, once its process has exited.

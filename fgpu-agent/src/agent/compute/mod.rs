@@ -11,6 +11,7 @@
 
 pub mod sched;
 mod switches;
+pub mod team;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering::SeqCst;
@@ -171,6 +172,7 @@ impl Controller {
                     share,
                     cap,
                     priority: l.priority(),
+                    team: l.team_on(device),
                     // A replaced ledger (agent restart path) is another mapping.
                     incarnation: Arc::as_ptr(l) as u64,
                     gpu_ns: ledger.usage.compute[idx].gpu_ns.load(SeqCst),

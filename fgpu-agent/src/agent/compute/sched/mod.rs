@@ -112,6 +112,18 @@ pub type TenantId = (u64, usize);
 /// `fgpu limit set --compute-priority` (ordered: `High` first).
 pub use crate::api::ComputePriority as Priority;
 
+/// A tenant's team on its device (`super::team`): its share is the team's `share` split
+/// among the team's members that use the device, by their `weight`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Team {
+    /// Non-zero; the same for every member.
+    pub id: u64,
+    /// The team's share, percent.
+    pub share: u32,
+    /// This member's weight (its own share, else 100).
+    pub weight: u32,
+}
+
 /// One tenant at one tick, as the caller read it.
 #[derive(Debug, Clone, Copy)]
 pub struct Observation {
@@ -122,6 +134,9 @@ pub struct Observation {
     pub share: u32,
     pub cap: u32,
     pub priority: Priority,
+    /// Its team, if its share is a part of one (its own `share` is then replaced by its
+    /// part of the team's).
+    pub team: Option<Team>,
     /// Changes when the tenant's ledger is replaced: its readings start over (its virtual
     /// time is kept).
     pub incarnation: u64,
@@ -214,6 +229,7 @@ impl Scheduler {
         self.last_tick = Some(now);
         let mut out = Outcome::default();
         self.discover(now, dt, observations, &mut out);
+        split_teams(&mut self.tenants);
         let mut devices: Vec<u64> = self.tenants.values().map(|t| t.device).collect();
         devices.sort_unstable();
         devices.dedup();
@@ -467,6 +483,36 @@ impl Scheduler {
     /// Whether any device is gated (the controller ticks fast then).
     pub fn busy(&self) -> bool {
         !self.tenants.is_empty()
+    }
+}
+
+/// Teams: each member's share is its part of its team's share on its device, by weight,
+/// among the members using the device (waiting, launching, with work in flight, holding a
+/// turn or co-running); a member that uses it alone gets the whole team share, one that
+/// stops leaves its part to the others at once. When no member uses the device, each gets
+/// its part among all (for status).
+fn split_teams(tenants: &mut HashMap<TenantId, Tenant>) {
+    let using = |t: &Tenant| t.act.active > 0 || t.held.is_some();
+    // (team, device) -> (weight of members using the device, weight of all members).
+    let mut sums: HashMap<(u64, u64), (u64, u64)> = HashMap::new();
+    for t in tenants.values() {
+        if let Some(team) = t.team {
+            let e = sums.entry((team.id, t.device)).or_default();
+            let w = u64::from(team.weight);
+            e.1 += w;
+            if using(t) {
+                e.0 += w;
+            }
+        }
+    }
+    for t in tenants.values_mut() {
+        let Some(team) = t.team else {
+            continue;
+        };
+        let (active, all) = sums[&(team.id, t.device)];
+        let total = if using(t) && active > 0 { active } else { all };
+        let part = u64::from(team.share) * u64::from(team.weight) / total.max(1);
+        t.share = (part as u32).clamp(1, team.share.max(1));
     }
 }
 

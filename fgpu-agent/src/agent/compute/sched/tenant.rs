@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 
 use fgpu_common::ledger::compute::Activity;
 
-use super::{ACHIEVED_OVER, MIN_QUANTUM_NS, Observation, Priority, WINDOW_NS};
+use super::{ACHIEVED_OVER, MIN_QUANTUM_NS, Observation, Priority, Team, WINDOW_NS};
 
 /// The most a container's active processes scale its per-process queue bound by.
 pub const MAX_QUEUE_SCALE: u32 = 4;
@@ -72,6 +72,8 @@ pub struct Tenant {
     pub share: u32,
     pub cap: u32,
     pub priority: Priority,
+    /// Its team (its `share` is then its part of the team's, set every tick).
+    pub team: Option<Team>,
     /// The observation's incarnation this state belongs to.
     pub incarnation: u64,
     /// Measured GPU time at the last tick (the ledger's `gpu_ns`).
@@ -117,6 +119,7 @@ impl Tenant {
             share: o.share,
             cap: o.cap,
             priority: o.priority,
+            team: o.team,
             incarnation: o.incarnation,
             last_gpu: o.gpu_ns,
             vtime,
@@ -181,7 +184,7 @@ impl Tenant {
     /// Takes this tick's observation `o` at time `now` (`dt` since the last tick): measured
     /// time, the cap's bucket, what its processes do.
     pub fn observe(&mut self, o: &Observation, now: u64, dt: i64) {
-        (self.share, self.cap, self.priority) = (o.share, o.cap, o.priority);
+        (self.share, self.cap, self.priority, self.team) = (o.share, o.cap, o.priority, o.team);
         self.act = o.act;
         let delta = o.gpu_ns.saturating_sub(self.last_gpu);
         self.last_gpu = o.gpu_ns;

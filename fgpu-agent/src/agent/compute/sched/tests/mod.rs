@@ -306,3 +306,48 @@ fn low_priority_only_gets_idle_time() {
         show(&back)
     );
 }
+
+/// Hierarchical shares: a pod at 50 whose two containers both work gets 50 between them
+/// (25 each), not 50 each; when one stops, the other gets the pod's whole share at once.
+#[test]
+fn a_team_share_is_split_among_the_members_using_the_device() {
+    let mut s = Sim::new();
+    let solo = s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    let team = super::Team {
+        id: 9,
+        share: 50,
+        weight: 100,
+    };
+    let m1 = s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    let m2 = s.tenant(50, 0, Normal, vec![Proc::new(SAT).then(8000, Work::Idle)]);
+    s.tenants[m1].team = Some(team);
+    s.tenants[m2].team = Some(team);
+    s.run_until(14_000);
+    // Per second the team holds its 50 and the solo tenant its own; each member gets its
+    // half over 2 s windows (a 25% quantum is 50 ms: one more or fewer in a second is 5
+    // points).
+    let solo_w = s.windows(solo, 1000, 8000, 1000);
+    assert!(all_within(&solo_w, 45.0, 55.0), "solo: {}", show(&solo_w));
+    let (w1, w2) = (
+        s.windows(m1, 1000, 8000, 1000),
+        s.windows(m2, 1000, 8000, 1000),
+    );
+    let sum: Vec<f64> = w1.iter().zip(&w2).map(|(a, b)| a + b).collect();
+    assert!(
+        all_within(&sum, 45.0, 55.0),
+        "the team, per second: {}",
+        show(&sum)
+    );
+    for (t, what) in [(m1, "m1"), (m2, "m2")] {
+        let w = s.windows(t, 1000, 8000, 2000);
+        assert!(all_within(&w, 20.0, 30.0), "{what} per 2 s: {}", show(&w));
+    }
+    for (t, what) in [(solo, "solo"), (m1, "m1 alone in its team")] {
+        let w = s.windows(t, 9000, 14_000, 1000);
+        assert!(
+            all_within(&w, 44.0, 56.0),
+            "{what} after m2 stopped: {}",
+            show(&w)
+        );
+    }
+}

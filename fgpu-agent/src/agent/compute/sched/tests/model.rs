@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 
 use fgpu_common::ledger::compute::{Activity, TURN_CLOSED, TURN_OPEN};
 
-use super::super::{FRESH_BEATS, Observation, Priority, Scheduler, Tuning, gated};
+use super::super::{FRESH_BEATS, Observation, Priority, Scheduler, Team, Tuning, gated};
 
 /// The model's step, ns.
 pub const STEP_NS: u64 = 50_000;
@@ -114,6 +114,8 @@ pub struct TenantModel {
     pub share: u32,
     pub cap: u32,
     pub priority: Priority,
+    /// Its team, if its share is part of one (the scheduler splits the team's share).
+    pub team: Option<Team>,
     pub procs: Vec<Proc>,
     /// The turn state and queue bound the scheduler last wrote.
     state: i64,
@@ -163,6 +165,7 @@ impl Sim {
             share,
             cap,
             priority,
+            team: None,
             procs,
             // An ungated tenant is never decided for: its launches run.
             state: if gated(share) || gated(cap) {
@@ -222,6 +225,7 @@ impl Sim {
                     share: t.share,
                     cap: t.cap,
                     priority: t.priority,
+                    team: t.team,
                     incarnation: 1,
                     gpu_ns: t.measured_ns,
                     act: a,
