@@ -69,7 +69,7 @@ impl TeamSpec {
     pub fn of(store: &LimitStore, cgroup: &str) -> Option<TeamSpec> {
         let mut setters = ancestors(cgroup).filter_map(|p| {
             let s = Share::of(store.own(p)?);
-            s.any().then(|| (p, s))
+            s.any().then_some((p, s))
         });
         let (first, first_share) = setters.next()?;
         let ((owner, share), weight) = if first == cgroup {
