@@ -122,6 +122,11 @@ pub struct DeviceUsage {
 pub struct DeviceCompute {
     /// GPU time measured by the container's shims on this device, ns (only grows).
     pub gpu_ns: AtomicU64,
+    /// Gated launches of the container's processes on this device, counted as their
+    /// batches complete (only grows): the controller's measure of a tenant's progress when
+    /// it compares turns with co-running (tenant-written: it only ever decides for the
+    /// tenant's own rate, see the agent's `sched::probe`).
+    pub launches: AtomicU64,
 }
 
 /// Page 1: usage per device.

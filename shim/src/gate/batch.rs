@@ -93,8 +93,10 @@ fn settle_oldest(s: &Stream, inner: &mut Inner, d: &Dev, m: u8, done: bool) {
         inner.known[k] = true;
         s.est[k].store(inner.est[k], Relaxed);
         budget::charge_local(d, m, ns - b.est);
-        budget::measured(d, m, ns);
+        budget::measured(d, m, ns, b.n);
         STATS.measured_ns.fetch_add(ns as u64, Relaxed);
+    } else {
+        budget::measured(d, m, 0, b.n);
     }
     pop_oldest(inner);
 }
@@ -233,7 +235,7 @@ pub fn close_after_pause(s: &Stream, inner: &mut Inner, d: &Dev, m: u8) {
             return;
         };
         if b.n > 0 {
-            budget::measured(d, m, b.est);
+            budget::measured(d, m, b.est, b.n);
             STATS.estimated_batches.fetch_add(1, Relaxed);
         }
         forget(&b);

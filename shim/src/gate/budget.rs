@@ -242,14 +242,21 @@ pub fn charge_local(d: &Dev, m: u8, ns: i64) {
     }
 }
 
-/// Reports measured GPU time to the agent's controller (the container's total).
-pub fn measured(d: &Dev, m: u8, ns: i64) {
+/// Reports measured GPU time (0: none measured) and the launches of a completed batch to
+/// the agent's controller (the container's totals).
+pub fn measured(d: &Dev, m: u8, ns: i64, launches: u32) {
     if m & M_LEDGER != 0
-        && ns > 0
+        && (ns > 0 || launches > 0)
         && let Some((l, _)) = ledger_file::get()
     {
         let idx = d.ledger_idx.load(Relaxed).min(MAX_DEVICES - 1);
-        l.usage.compute[idx].gpu_ns.fetch_add(ns as u64, Relaxed);
+        let c = &l.usage.compute[idx];
+        if ns > 0 {
+            c.gpu_ns.fetch_add(ns as u64, Relaxed);
+        }
+        if launches > 0 {
+            c.launches.fetch_add(u64::from(launches), Relaxed);
+        }
     }
 }
 

@@ -176,6 +176,7 @@ impl Controller {
                     // A replaced ledger (agent restart path) is another mapping.
                     incarnation: Arc::as_ptr(l) as u64,
                     gpu_ns: ledger.usage.compute[idx].gpu_ns.load(SeqCst),
+                    launches: ledger.usage.compute[idx].launches.load(SeqCst),
                     act: ledger.activity(idx, beat, FRESH_BEATS),
                 });
                 self.ledgers.insert(id, Arc::clone(l));
@@ -206,6 +207,7 @@ impl Controller {
                 continue;
             };
             let queue_ns = l.ledger().turn(id.1).queue_ns.load(SeqCst);
+            let (open, probe) = self.sched.probe_of(t.device).unwrap_or_default();
             if let Some((s, last)) = marks {
                 let turns = s.turns - last.turns;
                 let per =
@@ -219,6 +221,12 @@ impl Controller {
                     cap = t.cap,
                     priority = ?t.priority,
                     mode = ?t.mode,
+                    device_open = open,
+                    open_trials = probe.trials,
+                    opened = probe.opened,
+                    open_gain = format!("{:.2}", probe.last_gain),
+                    open_least = format!("{:.2}", probe.last_least),
+                    launches = t.launches,
                     duty = format!("{:.2}", t.duty),
                     tokens_ms = t.tokens / 1_000_000,
                     vtime_ms = format!("{:.1}", t.vtime / 1e6),
@@ -243,7 +251,7 @@ impl Controller {
             f.cap_pct = gated(t.cap).then_some(t.cap);
             f.used_pct += t.used_pct_over(over);
             f.turn_pct += t.turn_pct_over(over);
-            f.corun |= t.mode == Mode::CoRun;
+            f.corun |= t.mode == Mode::CoRun || open;
             f.queue_us = f.queue_us.max(queue_ns / 1000);
         }
         *status.by_cgroup.lock().expect("compute status lock") = by_cgroup;

@@ -42,6 +42,7 @@
 //!
 //! Tenants without a share or cap are not gated and not scheduled.
 
+pub mod probe;
 mod tenant;
 #[cfg(test)]
 mod tests;
@@ -142,6 +143,8 @@ pub struct Observation {
     pub incarnation: u64,
     /// Measured GPU time of its processes, ns (only grows within an incarnation).
     pub gpu_ns: u64,
+    /// Their gated launches, counted as batches complete (only grows likewise).
+    pub launches: u64,
     /// What its processes do (fresh stamps only, read at this tick's heartbeat).
     pub act: Activity,
 }
@@ -194,6 +197,8 @@ struct DeviceState {
     draining: Option<Drain>,
     /// When the last turn ended and whose it was, until the next grant.
     ended: Option<(u64, TenantId)>,
+    /// Turns, or open (`probe`).
+    probe: probe::Probe,
 }
 
 /// Why a holder's turn ends.
@@ -319,6 +324,26 @@ impl Scheduler {
                     "compute: co-running tenant back to turns"
                 );
             }
+        }
+        if tuning.open && run_open(tenants, &ids, dev, now) {
+            // Open: everybody launches whenever it has work; the driver time-slices.
+            if let Some(h) = dev.holder.take() {
+                let t = tenants.get_mut(&h).expect("holder");
+                if let Some(held) = t.held.take() {
+                    t.stats.turn_ns += now.saturating_sub(held.granted);
+                }
+                dev.ended = Some((now, h));
+            }
+            dev.draining = None;
+            for k in &ids {
+                let t = &tenants[k];
+                out.decisions.push(Decision {
+                    id: *k,
+                    state: TURN_CORUN,
+                    queue_ns: t.queue_bound(tuning.queue_ns, tuning.queue_scale),
+                });
+            }
+            return;
         }
         place(tenants, &ids, dev);
         // The holder: charge its turn, end it when due.
@@ -480,6 +505,12 @@ impl Scheduler {
         Some((t.stats, last))
     }
 
+    /// Whether the device of key `device` runs open now, and its probe's figures.
+    pub fn probe_of(&self, device: u64) -> Option<(bool, probe::ProbeStats)> {
+        let d = self.devices.get(&device)?;
+        Some((d.probe.is_open(), d.probe.stats))
+    }
+
     /// Whether any device is gated (the controller ticks fast then).
     pub fn busy(&self) -> bool {
         !self.tenants.is_empty()
@@ -514,6 +545,47 @@ fn split_teams(tenants: &mut HashMap<TenantId, Tenant>) {
         let part = u64::from(team.share) * u64::from(team.weight) / total.max(1);
         t.share = (part as u32).clamp(1, team.share.max(1));
     }
+}
+
+/// Asks the device's probe whether it runs open at `now` ([`probe`]); levels its tenants
+/// at the device's virtual time when it goes back to turns (open, nobody's virtual time
+/// moved: turns start over even).
+fn run_open(
+    tenants: &mut HashMap<TenantId, Tenant>,
+    ids: &[TenantId],
+    dev: &mut DeviceState,
+    now: u64,
+) -> bool {
+    let members: Vec<probe::Member> = ids
+        .iter()
+        .filter(|k| {
+            let t = &tenants[*k];
+            t.act.active > 0 || t.held.is_some()
+        })
+        .map(|k| {
+            let t = &tenants[k];
+            probe::Member {
+                id: *k,
+                launches: t.launches,
+                may_open: t.priority == Priority::Normal && !t.capped(),
+            }
+        })
+        .collect();
+    let holder_idle = dev
+        .holder
+        .and_then(|h| tenants[&h].held.map(|held| (held, &tenants[&h])))
+        .filter(|(held, _)| !held.pending)
+        .map(|(_, t)| t.act.inflight <= 0);
+    let open = dev.probe.step(now, &members, holder_idle);
+    if dev.probe.take_closed() {
+        tracing::debug!(stats = ?dev.probe.stats, "compute: device back to turns");
+        for k in ids {
+            let t = tenants.get_mut(k).expect("tenant");
+            t.vtime = dev.vtime;
+            t.competing = false;
+        }
+    }
+    open
 }
 
 /// The priority class a tenant competes in now: `high` counts as high only within its

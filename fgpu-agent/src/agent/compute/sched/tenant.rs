@@ -78,6 +78,8 @@ pub struct Tenant {
     pub incarnation: u64,
     /// Measured GPU time at the last tick (the ledger's `gpu_ns`).
     pub last_gpu: u64,
+    /// Its launches so far (the ledger's `launches`).
+    pub launches: u64,
     /// Device time held in turns (or measured while co-running) ÷ weight: the next turn goes
     /// to the waiting tenant furthest behind. Never more than one quantum behind the
     /// device's virtual time ([`super::Scheduler`]).
@@ -122,6 +124,7 @@ impl Tenant {
             team: o.team,
             incarnation: o.incarnation,
             last_gpu: o.gpu_ns,
+            launches: o.launches,
             vtime,
             competing: false,
             tokens: 0,
@@ -186,6 +189,7 @@ impl Tenant {
     pub fn observe(&mut self, o: &Observation, now: u64, dt: i64) {
         (self.share, self.cap, self.priority, self.team) = (o.share, o.cap, o.priority, o.team);
         self.act = o.act;
+        self.launches = o.launches;
         let delta = o.gpu_ns.saturating_sub(self.last_gpu);
         self.last_gpu = o.gpu_ns;
         if self.mode == Mode::Turns {

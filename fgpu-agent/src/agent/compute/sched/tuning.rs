@@ -16,6 +16,8 @@ pub struct Tuning {
     pub queue_ns: u64,
     pub overlap: bool,
     pub queue_scale: bool,
+    /// Whether devices may run open when that serves every tenant better (`probe`).
+    pub open: bool,
 }
 
 impl Default for Tuning {
@@ -26,6 +28,7 @@ impl Default for Tuning {
             queue_ns: QUEUE_NS,
             overlap: false,
             queue_scale: true,
+            open: true,
         }
     }
 }
@@ -76,6 +79,7 @@ impl Tuning {
             .map_or(d.queue_ns, |us| us * 1000),
             overlap: flag("FGPU_COMPUTE_OVERLAP", d.overlap),
             queue_scale: flag("FGPU_COMPUTE_QUEUE_SCALE", d.queue_scale),
+            open: flag("FGPU_COMPUTE_OPEN", d.open),
         }
     }
 }

@@ -351,3 +351,49 @@ fn a_team_share_is_split_among_the_members_using_the_device() {
         );
     }
 }
+
+/// Issue 25 item 4: two tenants that both leave the device idle between steps (a decoder
+/// that syncs every token, a training loop that waits for its loss) each get more with the
+/// device open — their work fills each other's gaps — than in turns, and the probe finds
+/// it out and opens the device; two GPU-bound tenants never see it opened.
+#[test]
+fn tenants_that_leave_the_device_idle_run_open_when_both_gain() {
+    let decoder = Work::Steps {
+        kernel: 300_000,
+        host: 300_000,
+        sync: true,
+    };
+    let trainer = Work::Steps {
+        kernel: 2 * MS,
+        host: 2 * MS,
+        sync: true,
+    };
+    let run = |open: bool| {
+        let mut s = Sim::with(super::Tuning {
+            open,
+            ..super::Tuning::default()
+        });
+        let d = s.tenant(50, 0, Normal, vec![Proc::new(decoder)]);
+        let c = s.tenant(50, 0, Normal, vec![Proc::new(trainer)]);
+        s.run_until(16_000);
+        let opened = s.sched.probe_of(model::DEVICE).map(|p| p.1.opened);
+        (s.pct(d, 8000, 16_000), s.pct(c, 8000, 16_000), opened)
+    };
+    let (dt, ct, _) = run(false);
+    let (dopen, copen, opened) = run(true);
+    eprintln!(
+        "turns: decoder {dt:.1}% cnn {ct:.1}% of the device; probed: {dopen:.1}% {copen:.1}% (opened {opened:?})"
+    );
+    assert_eq!(opened, Some(1), "the device was not opened");
+    assert!(
+        dopen >= dt * 0.97 && copen >= ct * 0.97 && dopen + copen > (dt + ct) * 1.05,
+        "open should serve both: turns {dt:.1} / {ct:.1}, open {dopen:.1} / {copen:.1}"
+    );
+    // GPU-bound tenants: never opened.
+    let mut s = Sim::new();
+    s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    s.run_until(16_000);
+    let stats = s.sched.probe_of(model::DEVICE).unwrap().1;
+    assert_eq!((stats.trials, stats.opened), (0, 0), "{stats:?}");
+}

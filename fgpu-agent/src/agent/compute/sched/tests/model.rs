@@ -122,6 +122,8 @@ pub struct TenantModel {
     queue_ns: u64,
     /// Device time its kernels ran, ns.
     pub gpu_ns: u64,
+    /// Kernels it launched.
+    pub launches: u64,
     /// GPU time as the shim measures it (events around each batch: from its submission, or
     /// the completion of the stream's previous batch, to its completion — time spent behind
     /// another tenant's work included), ns: what the scheduler is told.
@@ -141,7 +143,7 @@ pub struct Sim {
 }
 
 /// The device key every tenant of the model is bound to.
-const DEVICE: u64 = 0xd00d;
+pub const DEVICE: u64 = 0xd00d;
 
 impl Sim {
     pub fn new() -> Sim {
@@ -175,6 +177,7 @@ impl Sim {
             },
             queue_ns: 0,
             gpu_ns: 0,
+            launches: 0,
             measured_ns: 0,
             samples: vec![(0, 0)],
         });
@@ -228,6 +231,7 @@ impl Sim {
                     team: t.team,
                     incarnation: 1,
                     gpu_ns: t.measured_ns,
+                    launches: t.launches,
                     act: a,
                 }
             })
@@ -322,6 +326,7 @@ impl Sim {
         p.host_left = again;
         p.syncing = sync;
         self.device.push_back((ti, pi, id, kernel, now));
+        self.tenants[ti].launches += 1;
     }
 
     /// Tenant `t`'s device time, percent of wall time, over [from_ms, to_ms).

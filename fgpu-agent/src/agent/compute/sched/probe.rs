@@ -1,0 +1,380 @@
+//! Turns or the driver's time-slicing: which serves a device's tenants better.
+//!
+//! Turns guarantee every tenant its share, but a holder that leaves the device idle — a
+//! token-by-token decoder between its tokens, a training loop that waits for `loss.item()`
+//! — wastes what the others could have run then. When its tenants are like that, a device
+//! may serve everybody better *open*: every tenant launching whenever it has work, the
+//! driver time-slicing their contexts (what they get without fgpu). The probe finds out by
+//! measuring, not by guessing: on a device whose tenants have been the same for a while and
+//! whose holders left it idle for a good part of their turns, it counts each tenant's
+//! launches (its progress: a step loop launches the same kernels every step) over a window
+//! of turns and then over a window open, and keeps the device open only if **every**
+//! tenant progressed at least about as fast open as in turns, and they gained on the whole.
+//! Open, each tenant's rate is checked every window against its rate in turns; the first
+//! that falls behind closes the device again. A rejected trial is retried later and later.
+//!
+//! Launch counts are written by the tenants' shims, so a tenant can lie about its own
+//! rate — which only moves its own vote: to keep a device open every tenant's rate must
+//! hold, and a lie that closes it gives everyone their guaranteed turns. Capped tenants and
+//! priority classes other than `normal` keep the device in turns (open, nothing would
+//! enforce them).
+
+use super::TenantId;
+
+/// Each measured window (turns, then open; and open windows checked one by one).
+pub const WINDOW_NS: u64 = 1_000_000_000;
+/// The same tenants on the device for this long before a first trial.
+pub const SETTLE_NS: u64 = 3_000_000_000;
+/// A rejected trial is retried after this long, doubling up to [`MAX_BACKOFF_NS`].
+pub const BACKOFF_NS: u64 = 10_000_000_000;
+pub const MAX_BACKOFF_NS: u64 = 160_000_000_000;
+/// Open this long, the device goes back to turns for a window to measure them afresh.
+pub const OPEN_FOR_NS: u64 = 20_000_000_000;
+/// A trial only when the holders left nothing in flight for this fraction of their turns
+/// (GPU-bound tenants never do: their devices are never opened).
+pub const IDLE_GATE: f64 = 0.15;
+/// Open is kept when every tenant's rate open is at least this fraction of its rate in
+/// turns...
+pub const FLOOR: f64 = 0.97;
+/// ...and their mean ratio at least this.
+pub const GAIN: f64 = 1.05;
+/// Open, a tenant whose rate over a window falls under this fraction of its rate in turns
+/// closes the device.
+pub const KEEP: f64 = 0.92;
+
+/// One tenant as the probe sees it at a tick.
+#[derive(Debug, Clone, Copy)]
+pub struct Member {
+    pub id: TenantId,
+    /// Its launches so far (only grows within an incarnation).
+    pub launches: u64,
+    /// Whether it may run open (normal priority, no cap).
+    pub may_open: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Phase {
+    /// Turns, as usual.
+    Turns,
+    /// Turns, measured: launches at its start, held and idle ticks of the holders.
+    Baseline {
+        since: u64,
+        counts: Vec<u64>,
+        held: u64,
+        idle: u64,
+    },
+    /// Open, measured against the baseline's rates.
+    Trial {
+        since: u64,
+        counts: Vec<u64>,
+        turns: Vec<f64>,
+    },
+    /// Open, each window checked.
+    Open {
+        since: u64,
+        window: u64,
+        counts: Vec<u64>,
+        turns: Vec<f64>,
+    },
+}
+
+/// What a device's probe decided and measured, for the log and status.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProbeStats {
+    pub trials: u64,
+    pub opened: u64,
+    pub closed_behind: u64,
+    /// The last trial's mean ratio open ÷ turns, and its least.
+    pub last_gain: f64,
+    pub last_least: f64,
+}
+
+/// Per device.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    phase: Phase,
+    /// The tenants the measurement is about (sorted); another set starts over.
+    members: Vec<TenantId>,
+    stable_since: u64,
+    next_trial: u64,
+    backoff: u64,
+    /// Just went back to turns from open (the scheduler levels its tenants).
+    closed: bool,
+    pub stats: ProbeStats,
+}
+
+impl Default for Probe {
+    fn default() -> Probe {
+        Probe {
+            phase: Phase::Turns,
+            members: Vec::new(),
+            stable_since: 0,
+            next_trial: 0,
+            backoff: BACKOFF_NS,
+            closed: false,
+            stats: ProbeStats::default(),
+        }
+    }
+}
+
+fn rates(now: u64, since: u64, from: &[u64], members: &[Member]) -> Vec<f64> {
+    let secs = (now.saturating_sub(since) as f64 / 1e9).max(1e-9);
+    members
+        .iter()
+        .zip(from)
+        .map(|(m, c)| m.launches.saturating_sub(*c) as f64 / secs)
+        .collect()
+}
+
+impl Probe {
+    /// Whether the device runs open at this tick. `members`: the device's tenants using it
+    /// (sorted by id); `holder_idle`: in turns, whether a holder holds one with nothing in
+    /// flight (None: nobody holds a turn now).
+    pub fn step(&mut self, now: u64, members: &[Member], holder_idle: Option<bool>) -> bool {
+        let ids: Vec<TenantId> = members.iter().map(|m| m.id).collect();
+        let eligible = members.len() >= 2 && members.iter().all(|m| m.may_open);
+        if ids != self.members || !eligible {
+            if ids != self.members {
+                self.members = ids;
+                self.stable_since = now;
+            }
+            self.close(now);
+            return false;
+        }
+        let counts = || members.iter().map(|m| m.launches).collect::<Vec<_>>();
+        match &mut self.phase {
+            Phase::Turns => {
+                if now >= self.next_trial && now.saturating_sub(self.stable_since) >= SETTLE_NS {
+                    self.phase = Phase::Baseline {
+                        since: now,
+                        counts: counts(),
+                        held: 0,
+                        idle: 0,
+                    };
+                }
+                false
+            }
+            Phase::Baseline {
+                since,
+                counts: from,
+                held,
+                idle,
+            } => {
+                if let Some(i) = holder_idle {
+                    *held += 1;
+                    *idle += u64::from(i);
+                }
+                if now.saturating_sub(*since) < WINDOW_NS {
+                    return false;
+                }
+                let idle_frac = *idle as f64 / (*held).max(1) as f64;
+                let turns = rates(now, *since, from, members);
+                if idle_frac < IDLE_GATE || turns.iter().any(|r| *r <= 0.0) {
+                    // Busy holders (or a tenant that made no progress): stay in turns.
+                    self.reject(now);
+                    return false;
+                }
+                self.stats.trials += 1;
+                self.phase = Phase::Trial {
+                    since: now,
+                    counts: counts(),
+                    turns,
+                };
+                true
+            }
+            Phase::Trial {
+                since,
+                counts: from,
+                turns,
+            } => {
+                if now.saturating_sub(*since) < WINDOW_NS {
+                    return true;
+                }
+                let open = rates(now, *since, from, members);
+                let ratios: Vec<f64> = open.iter().zip(turns.iter()).map(|(o, t)| o / t).collect();
+                let least = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+                let gain = ratios.iter().sum::<f64>() / ratios.len() as f64;
+                (self.stats.last_gain, self.stats.last_least) = (gain, least);
+                tracing::debug!(gain, least, "compute: open trial measured");
+                if least >= FLOOR && gain >= GAIN {
+                    self.stats.opened += 1;
+                    self.backoff = BACKOFF_NS;
+                    let turns = std::mem::take(turns);
+                    self.phase = Phase::Open {
+                        since: now,
+                        window: now,
+                        counts: counts(),
+                        turns,
+                    };
+                    true
+                } else {
+                    self.reject(now);
+                    self.closed = true;
+                    false
+                }
+            }
+            Phase::Open {
+                since,
+                window,
+                counts: from,
+                turns,
+            } => {
+                if now.saturating_sub(*window) < WINDOW_NS {
+                    return true;
+                }
+                let open = rates(now, *window, from, members);
+                if open.iter().zip(turns.iter()).any(|(o, t)| *o < KEEP * t) {
+                    self.stats.closed_behind += 1;
+                    self.reject(now);
+                    self.closed = true;
+                    return false;
+                }
+                if now.saturating_sub(*since) >= OPEN_FOR_NS {
+                    // Measure turns afresh (then try open again at once).
+                    self.phase = Phase::Baseline {
+                        since: now,
+                        counts: counts(),
+                        held: 0,
+                        idle: 0,
+                    };
+                    self.closed = true;
+                    return false;
+                }
+                (*window, *from) = (now, counts());
+                true
+            }
+        }
+    }
+
+    /// Whether the device runs open (a trial or kept open).
+    pub fn is_open(&self) -> bool {
+        matches!(self.phase, Phase::Trial { .. } | Phase::Open { .. })
+    }
+
+    /// Whether the device just went back to turns from running open (once).
+    pub fn take_closed(&mut self) -> bool {
+        std::mem::take(&mut self.closed)
+    }
+
+    fn reject(&mut self, now: u64) {
+        self.phase = Phase::Turns;
+        self.next_trial = now + self.backoff;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF_NS);
+    }
+
+    /// Back to turns (the tenants changed): a trial after they settle again.
+    fn close(&mut self, now: u64) {
+        if matches!(self.phase, Phase::Trial { .. } | Phase::Open { .. }) {
+            self.closed = true;
+        }
+        if self.phase != Phase::Turns {
+            self.phase = Phase::Turns;
+        }
+        self.next_trial = self.next_trial.max(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn m(id: u64, launches: u64) -> Member {
+        Member {
+            id: (id, 0),
+            launches,
+            may_open: true,
+        }
+    }
+
+    /// Drives a probe at 1 ms ticks over `secs` with launch rates `rate(t, open)` per
+    /// tenant (launches per second), holders idle `idle` of the time.
+    fn drive(
+        p: &mut Probe,
+        from: u64,
+        secs: u64,
+        rate: impl Fn(usize, bool) -> f64,
+        idle: bool,
+    ) -> (u64, bool) {
+        let mut counts = [0.0f64; 2];
+        let mut open = false;
+        let mut open_ticks = 0;
+        let mut t = from;
+        while t < from + secs * S {
+            for (i, c) in counts.iter_mut().enumerate() {
+                *c += rate(i, open) / 1000.0;
+            }
+            let ms = [m(1, counts[0] as u64), m(2, counts[1] as u64)];
+            open = p.step(t, &ms, Some(idle && t / 1_000_000 % 2 == 0));
+            open_ticks += u64::from(open);
+            t += 1_000_000;
+        }
+        (open_ticks, open)
+    }
+
+    #[test]
+    fn a_device_opens_when_every_tenant_gains_and_closes_when_one_falls_behind() {
+        let mut p = Probe::default();
+        // Open: both faster (130 and 110 launches/s against 100 in turns).
+        let (_, open) = drive(
+            &mut p,
+            0,
+            6,
+            |i, o| if o { [130.0, 110.0][i] } else { 100.0 },
+            true,
+        );
+        assert!(open, "{:?}", p.stats);
+        assert_eq!(p.stats.opened, 1);
+        // Then tenant 2 falls to 80 open: closed within a window or two.
+        let (_, open) = drive(
+            &mut p,
+            6 * S,
+            3,
+            |i, o| if o { [130.0, 80.0][i] } else { 100.0 },
+            true,
+        );
+        assert!(!open);
+        assert_eq!(p.stats.closed_behind, 1);
+    }
+
+    #[test]
+    fn a_device_stays_in_turns_when_one_tenant_would_lose_or_holders_are_busy() {
+        let mut p = Probe::default();
+        // One gains a lot, the other loses 10%: never open past the trial.
+        let (ticks, open) = drive(
+            &mut p,
+            0,
+            30,
+            |i, o| if o { [200.0, 90.0][i] } else { 100.0 },
+            true,
+        );
+        assert!(!open);
+        assert_eq!(p.stats.opened, 0);
+        // Trials back off: the first at 4 s, the next 10 s after it, then 20 s.
+        assert!(
+            p.stats.trials <= 3 && ticks <= 3 * 1000 + 10,
+            "{:?} {ticks}",
+            p.stats
+        );
+        // Busy holders: no trial at all.
+        let mut q = Probe::default();
+        let (ticks, _) = drive(&mut q, 0, 20, |_, o| if o { 200.0 } else { 100.0 }, false);
+        assert_eq!((ticks, q.stats.trials), (0, 0));
+    }
+
+    #[test]
+    fn capped_or_prioritised_tenants_keep_turns() {
+        let mut p = Probe::default();
+        for t in 0..10_000u64 {
+            let ms = [
+                m(1, t),
+                Member {
+                    may_open: false,
+                    ..m(2, t)
+                },
+            ];
+            assert!(!p.step(t * 1_000_000, &ms, Some(true)));
+        }
+    }
+}
