@@ -414,3 +414,50 @@ fn privileged_a_pods_share_is_split_among_its_containers() {
         within(*x, 25.0, 6.0, &format!("container {}", i + 1), &ctx);
     }
 }
+
+/// Issue 25 item 4: two tenants that leave the device idle between steps (1 ms of work,
+/// a sync, 1 ms of host time) each get more with the device open than their turns give
+/// (50% each): the agent measures both ways (a trial open after 4 s) and serves them open
+/// or co-running. Over 12 s, the first ~5 in turns: each well over half its solo rate.
+#[test]
+fn privileged_tenants_that_leave_the_device_idle_share_it_open() {
+    if !privileged() {
+        return;
+    }
+    let _one = common::tenants::measuring();
+    let w = AgentWorld::new("clsopen");
+    let agent = w.agent();
+    let solo_rate = solo(&w, &agent, steps(3000, 1, 1000));
+    let mut ts = vec![
+        tenant(
+            &w,
+            "gapped-a",
+            &["--compute", "50"],
+            &[steps(12_000, 1, 1000)],
+        ),
+        tenant(
+            &w,
+            "gapped-b",
+            &["--compute", "50"],
+            &[steps(12_000, 1, 1000)],
+        ),
+    ];
+    let paths: Vec<String> = ts.iter().map(|t| t.cg.path.clone()).collect();
+    go(&mut ts);
+    std::thread::sleep(Duration::from_secs(9));
+    let (_, status) = w.fgpu(&["status"]);
+    let rates = finish(ts, &agent);
+    let ctx = format!("status at 9 s:\n{status}\nagent log:\n{}", agent.log_text());
+    let pct: Vec<f64> = rates.iter().map(|r| 100.0 * r[0] / solo_rate).collect();
+    println!(
+        "two gapped loops at 50/50 (alone {solo_rate:.1} steps/s): {:.1}% / {:.1}% of their solo rates",
+        pct[0], pct[1]
+    );
+    assert!(
+        agent.log_text().contains("compute: open trial measured"),
+        "the device was never tried open\n{ctx}"
+    );
+    for (p, path) in pct.iter().zip(&paths) {
+        assert!(*p >= 60.0, "{path}: {p:.1}% (turns alone give 50)\n{ctx}");
+    }
+}

@@ -567,16 +567,12 @@ fn run_open(
             probe::Member {
                 id: *k,
                 launches: t.launches,
+                gpu_ns: t.last_gpu,
                 may_open: t.priority == Priority::Normal && !t.capped(),
             }
         })
         .collect();
-    let holder_idle = dev
-        .holder
-        .and_then(|h| tenants[&h].held.map(|held| (held, &tenants[&h])))
-        .filter(|(held, _)| !held.pending)
-        .map(|(_, t)| t.act.inflight <= 0);
-    let open = dev.probe.step(now, &members, holder_idle);
+    let open = dev.probe.step(now, &members);
     if dev.probe.take_closed() {
         tracing::debug!(stats = ?dev.probe.stats, "compute: device back to turns");
         for k in ids {

@@ -6,7 +6,8 @@
 //! may serve everybody better *open*: every tenant launching whenever it has work, the
 //! driver time-slicing their contexts (what they get without fgpu). The probe finds out by
 //! measuring, not by guessing: on a device whose tenants have been the same for a while and
-//! whose holders left it idle for a good part of their turns, it counts each tenant's
+//! whose turns left it partly idle (their measured GPU time added up to less than the wall
+//! time), it counts each tenant's
 //! launches (its progress: a step loop launches the same kernels every step) over a window
 //! of turns and then over a window open, and keeps the device open only if **every**
 //! tenant progressed at least about as fast open as in turns, and they gained on the whole.
@@ -30,14 +31,14 @@ pub const BACKOFF_NS: u64 = 10_000_000_000;
 pub const MAX_BACKOFF_NS: u64 = 160_000_000_000;
 /// Open this long, the device goes back to turns for a window to measure them afresh.
 pub const OPEN_FOR_NS: u64 = 20_000_000_000;
-/// A trial only when the holders left nothing in flight for this fraction of their turns
-/// (GPU-bound tenants never do: their devices are never opened).
-pub const IDLE_GATE: f64 = 0.15;
+/// A trial only when the tenants' measured GPU time over the window of turns left at least
+/// this fraction of it idle (GPU-bound tenants never do: their devices are never opened).
+pub const IDLE_GATE: f64 = 0.1;
 /// Open is kept when every tenant's rate open is at least this fraction of its rate in
 /// turns...
 pub const FLOOR: f64 = 0.97;
 /// ...and their mean ratio at least this.
-pub const GAIN: f64 = 1.05;
+pub const GAIN: f64 = 1.03;
 /// Open, a tenant whose rate over a window falls under this fraction of its rate in turns
 /// closes the device.
 pub const KEEP: f64 = 0.92;
@@ -48,6 +49,8 @@ pub struct Member {
     pub id: TenantId,
     /// Its launches so far (only grows within an incarnation).
     pub launches: u64,
+    /// Its measured GPU time so far, ns (likewise).
+    pub gpu_ns: u64,
     /// Whether it may run open (normal priority, no cap).
     pub may_open: bool,
 }
@@ -56,12 +59,11 @@ pub struct Member {
 enum Phase {
     /// Turns, as usual.
     Turns,
-    /// Turns, measured: launches at its start, held and idle ticks of the holders.
+    /// Turns, measured: launches and measured GPU time at its start.
     Baseline {
         since: u64,
         counts: Vec<u64>,
-        held: u64,
-        idle: u64,
+        gpu: u64,
     },
     /// Open, measured against the baseline's rates.
     Trial {
@@ -128,9 +130,8 @@ fn rates(now: u64, since: u64, from: &[u64], members: &[Member]) -> Vec<f64> {
 
 impl Probe {
     /// Whether the device runs open at this tick. `members`: the device's tenants using it
-    /// (sorted by id); `holder_idle`: in turns, whether a holder holds one with nothing in
-    /// flight (None: nobody holds a turn now).
-    pub fn step(&mut self, now: u64, members: &[Member], holder_idle: Option<bool>) -> bool {
+    /// (sorted by id).
+    pub fn step(&mut self, now: u64, members: &[Member]) -> bool {
         let ids: Vec<TenantId> = members.iter().map(|m| m.id).collect();
         let eligible = members.len() >= 2 && members.iter().all(|m| m.may_open);
         if ids != self.members || !eligible {
@@ -142,14 +143,14 @@ impl Probe {
             return false;
         }
         let counts = || members.iter().map(|m| m.launches).collect::<Vec<_>>();
+        let gpu = || members.iter().map(|m| m.gpu_ns).sum::<u64>();
         match &mut self.phase {
             Phase::Turns => {
                 if now >= self.next_trial && now.saturating_sub(self.stable_since) >= SETTLE_NS {
                     self.phase = Phase::Baseline {
                         since: now,
                         counts: counts(),
-                        held: 0,
-                        idle: 0,
+                        gpu: gpu(),
                     };
                 }
                 false
@@ -157,19 +158,20 @@ impl Probe {
             Phase::Baseline {
                 since,
                 counts: from,
-                held,
-                idle,
+                gpu: gpu_from,
             } => {
-                if let Some(i) = holder_idle {
-                    *held += 1;
-                    *idle += u64::from(i);
-                }
                 if now.saturating_sub(*since) < WINDOW_NS {
                     return false;
                 }
-                let idle_frac = *idle as f64 / (*held).max(1) as f64;
+                let wall = now.saturating_sub(*since).max(1) as f64;
+                let idle_frac = 1.0 - gpu().saturating_sub(*gpu_from) as f64 / wall;
                 let turns = rates(now, *since, from, members);
                 if idle_frac < IDLE_GATE || turns.iter().any(|r| *r <= 0.0) {
+                    tracing::debug!(
+                        idle = format!("{idle_frac:.2}"),
+                        ?turns,
+                        "compute: no open trial (busy holders, or no progress)"
+                    );
                     // Busy holders (or a tenant that made no progress): stay in turns.
                     self.reject(now);
                     return false;
@@ -195,8 +197,18 @@ impl Probe {
                 let least = ratios.iter().copied().fold(f64::INFINITY, f64::min);
                 let gain = ratios.iter().sum::<f64>() / ratios.len() as f64;
                 (self.stats.last_gain, self.stats.last_least) = (gain, least);
-                tracing::debug!(gain, least, "compute: open trial measured");
+                tracing::info!(
+                    gain = format!("{gain:.2}"),
+                    least = format!("{least:.2}"),
+                    "compute: open trial measured (rates open ÷ in turns)"
+                );
                 if least >= FLOOR && gain >= GAIN {
+                    tracing::info!(
+                        gain = format!("{gain:.2}"),
+                        least = format!("{least:.2}"),
+                        "compute: device runs open: every tenant progressed at least as fast \
+                         with the driver time-slicing as in turns"
+                    );
                     self.stats.opened += 1;
                     self.backoff = BACKOFF_NS;
                     let turns = std::mem::take(turns);
@@ -224,6 +236,9 @@ impl Probe {
                 }
                 let open = rates(now, *window, from, members);
                 if open.iter().zip(turns.iter()).any(|(o, t)| *o < KEEP * t) {
+                    tracing::info!(
+                        "compute: device back to turns: a tenant fell behind its rate in turns"
+                    );
                     self.stats.closed_behind += 1;
                     self.reject(now);
                     self.closed = true;
@@ -234,8 +249,7 @@ impl Probe {
                     self.phase = Phase::Baseline {
                         since: now,
                         counts: counts(),
-                        held: 0,
-                        idle: 0,
+                        gpu: gpu(),
                     };
                     self.closed = true;
                     return false;
@@ -280,16 +294,18 @@ mod tests {
 
     const S: u64 = 1_000_000_000;
 
-    fn m(id: u64, launches: u64) -> Member {
+    fn m(id: u64, launches: u64, gpu_ns: u64) -> Member {
         Member {
             id: (id, 0),
             launches,
+            gpu_ns,
             may_open: true,
         }
     }
 
     /// Drives a probe at 1 ms ticks over `secs` with launch rates `rate(t, open)` per
-    /// tenant (launches per second), holders idle `idle` of the time.
+    /// tenant (launches per second); each measures 0.3 of the wall time as its GPU time
+    /// (`idle`: the device 40% idle) or 0.5 (busy).
     fn drive(
         p: &mut Probe,
         from: u64,
@@ -298,6 +314,7 @@ mod tests {
         idle: bool,
     ) -> (u64, bool) {
         let mut counts = [0.0f64; 2];
+        let mut gpu = 0u64;
         let mut open = false;
         let mut open_ticks = 0;
         let mut t = from;
@@ -305,8 +322,9 @@ mod tests {
             for (i, c) in counts.iter_mut().enumerate() {
                 *c += rate(i, open) / 1000.0;
             }
-            let ms = [m(1, counts[0] as u64), m(2, counts[1] as u64)];
-            open = p.step(t, &ms, Some(idle && t / 1_000_000 % 2 == 0));
+            gpu += if idle { 300_000 } else { 500_000 };
+            let ms = [m(1, counts[0] as u64, gpu), m(2, counts[1] as u64, gpu)];
+            open = p.step(t, &ms);
             open_ticks += u64::from(open);
             t += 1_000_000;
         }
@@ -368,13 +386,13 @@ mod tests {
         let mut p = Probe::default();
         for t in 0..10_000u64 {
             let ms = [
-                m(1, t),
+                m(1, t, 0),
                 Member {
                     may_open: false,
-                    ..m(2, t)
+                    ..m(2, t, 0)
                 },
             ];
-            assert!(!p.step(t * 1_000_000, &ms, Some(true)));
+            assert!(!p.step(t * 1_000_000, &ms));
         }
     }
 }
