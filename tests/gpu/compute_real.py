@@ -234,18 +234,20 @@ def main():
             check(f"{mp}: 1-process container at --compute 50", abs(one - 50) <= 5,
                   f"{fmt(one)}%", "50 +- 5")
 
-        if "dec" + v in ran:
-            dec = "dec" + v
+        for dec in ("dec" + v, "dech" + v):
+            if dec not in ran:
+                continue
             d, t = sh(dec, "a"), sh(dec, "b")
             ds, ts = sh("slicedec", "a"), sh("slicedec", "b")
-            if not v:
+            if not v and dec == "dec":
                 check("slicedec: driver time-slicing, decoder / cnn (comparison)", True,
                       f"{fmt(ds)}% / {fmt(ts)}%", "none", verdict="INFO")
             check(f"{dec}: decoder at --compute 50, of its solo token rate",
                   d >= 50 and (math.isnan(ds) or d >= ds), f"{fmt(d)}%",
                   f">= 50 and >= time-slicing's {fmt(ds)}")
-            check(f"{dec}: cnn training next to it at --compute 50", t >= 50, f"{fmt(t)}%",
-                  ">= 50")
+            check(f"{dec}: cnn training next to it at --compute 50",
+                  t >= 50 and (math.isnan(ts) or t >= ts), f"{fmt(t)}%",
+                  f">= 50 and >= time-slicing's {fmt(ts)}")
 
     if "kill" in ran:
         try:
@@ -272,6 +274,48 @@ def main():
                   "50 +- 5")
         else:
             check("kill: a new cnn process in the killed container", False, "no result", "50 +- 5")
+
+    if "join" in ran:
+        a, b = get("join", "a"), get("join", "b")
+        if a and b and a.get("result") and b.get("result"):
+            pa, pb = a["result"]["progress"], b["result"]["progress"]
+            ra, rb = ref.get("attn", math.nan), ref.get("cnn", math.nan)
+            t0 = b["result"]["t_start"]
+            try:
+                t_b = json.load(open(os.path.join(args.out, "join-time.json")))["t_start_b"]
+            except (OSError, ValueError, KeyError):
+                t_b = t0
+            inc = [100 * rate_between(pa, t0 + i, t0 + i + 1) / ra for i in range(9)]
+            new = [100 * rate_between(pb, t0 + i, t0 + i + 1) / rb for i in range(9)]
+            warm = [100 * rate_between(pa, t_b + i, t_b + i + 1) / ra
+                    for i in range(int(max(t0 - t_b, 0)))]
+            check("join: attn (incumbent) per second while the cnn process starts and warms up",
+                  all(x >= 40 for x in warm if not math.isnan(x)),
+                  " / ".join(fmt(x) for x in warm) + f" ({fmt(t0 - t_b)} s)", ">= 40 each")
+            check("join: cnn (joiner) per second from its first measured step", all(
+                40 <= x <= 60 for x in new if not math.isnan(x)) and bool(new),
+                " / ".join(fmt(x) for x in new), "40-60 each")
+            check("join: attn (incumbent) per second meanwhile",
+                  all(x >= 40 for x in inc if not math.isnan(x)) and bool(inc),
+                  " / ".join(fmt(x) for x in inc), ">= 40 each")
+            late = [x for x in new[2:] if not math.isnan(x)]
+            check("join: cnn settled from its 3rd second", all(abs(x - 50) <= 5 for x in late)
+                  and bool(late), " / ".join(fmt(x) for x in late), "50 +- 5")
+        else:
+            check("join: both workers", False, "no result", "results")
+    for v in variants:
+        if "cap30" + v in ran:
+            r = get("cap30" + v, "a")
+            prog = (r or {}).get("result", {}) or {}
+            prog = prog.get("progress", [])
+            t0 = prog[0][0] if prog else 0
+            ra = ref.get("attn", math.nan)
+            wins = [100 * rate_between(prog, t0 + 2 * i, t0 + 2 * i + 2) / ra
+                    for i in range(max(int((prog[-1][0] - t0) // 2), 0))] if prog else []
+            check(f"cap30{v}: attn alone at --compute-cap 30 (its rate ÷ alone)",
+                  25 <= sh("cap30" + v, "a") <= 32, f"{fmt(sh('cap30' + v, 'a'))}%", "25-32")
+            check(f"cap30{v}: per 2 s window", all(x <= 32 for x in wins) and bool(wins),
+                  " / ".join(fmt(x) for x in wins), "<= 32 each")
 
     ilv(runs, args.out, check)
 
@@ -336,7 +380,7 @@ def main():
     if missing:
         print("WARN: no result from " + ", ".join(missing))
     for r in runs:
-        if r["phase"] != "kill" and r.get("result"):
+        if r["phase"] not in ("kill", "join") and r.get("result"):
             r["result"].pop("progress", None)
     json.dump({"references": ref, "ref2p": ref2p, "checks": checks, "runs": runs,
                "status": status}, open(os.path.join(args.out, "compute_real.json"), "w"),

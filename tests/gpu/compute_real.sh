@@ -225,6 +225,33 @@ kill_phase() {
   reap
 }
 
+# The join phase (issue 25): attn (a) at 50 runs alone; 4 s into its measurement a cnn
+# process is *started* in b at 50 — it imports PyTorch, builds ResNet-18 and benchmarks
+# cuDNN beside the running attn (the light warm-up that used to buy a catch-up), then runs
+# 10 s. Per-second rates of both from the cnn's first measured step (compute_real.py).
+join_phase() {
+  local pa pb
+  echo "== join: a attn 50 alone, then a cnn process started in b at 50 (it warms up beside a)"
+  limits "--compute 50" "--compute 50" ""
+  worker join a 1 attn fgpu 24 "$WARM" "$WORK/join.go"; pa=$!
+  for _ in $(seq 1200); do [ -f "$WORK/join.a.1.ready" ] && break; kill -0 $pa 2>/dev/null || break; sleep 0.1; done
+  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/join.go.tmp" && mv "$WORK/join.go.tmp" "$WORK/join.go"
+  echo "PHASE-START join" >> "$OUT/agent.log"
+  echo "join start $(cat "$WORK/join.go")" >> "$OUT/phases.txt"
+  sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.5 + 4 }')"
+  echo "{\"t_start_b\": $(date +%s.%N)}" > "$OUT/join-time.json"
+  # Its go file is already there: it starts as soon as it is ready (0.5 s warm-up).
+  date +%s.%N > "$WORK/join.go2"
+  worker join b 1 cnn fgpu 10 0.5 "$WORK/join.go2"; pb=$!
+  sleep 8
+  fgpu status --json > "$OUT/status-join.json" 2>&1
+  wait $pb; record join b 1 cnn fgpu $?
+  wait $pa; record join a 1 attn fgpu $?
+  echo "PHASE-END join" >> "$OUT/agent.log"
+  echo "join end $(date +%s.%N)" >> "$OUT/phases.txt"
+  reap
+}
+
 # The interleaved phase (ILV="dec mp s25 s3"): the mix's workers run for the whole phase
 # while its windows rotate, each ILV_WIN s (default 3; the first ILV_SETTLE s, default 0.3,
 # of each are left out):
@@ -422,6 +449,11 @@ gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for
   if want mp; then limits "--compute 50" "--compute 50" ""; phase "mp$v" a:cnn:fgpu a:cnn:fgpu b:cnn:fgpu; br cnn; br2p; fi
   if want s3; then limits "--compute 20" "--compute 30" "--compute 50"; phase "s3$v" a:cnn:fgpu b:attn:fgpu c:graph:fgpu; br cnn attn graph; fi
   if [ -z "$v" ] && want kill; then limits "--compute 50" "--compute 50" ""; kill_phase; br cnn attn; fi
+  # dech: the decoder at --compute-priority high (served first within its share).
+  if want dech; then limits "--compute 50 --compute-priority high" "--compute 50" ""; phase "dech$v" a:decoder:fgpu b:cnn:fgpu; br decoder cnn; fi
+  if [ -z "$v" ] && want join; then join_phase; fi
+  # cap30: attn alone with --compute-cap 30 on an idle GPU.
+  if want cap30; then limits "--compute-cap 30" "" ""; phase "cap30$v" a:attn:fgpu; fi
   if want s30; then limits "--compute 30" "--compute 70" ""; phase "s30$v" a:matmul:fgpu b:graph:fgpu; fi
   if want s50; then limits "--compute 50" "--compute 50" ""; phase "s50$v" a:matmul:fgpu b:graph:fgpu; fi
 }
