@@ -240,9 +240,9 @@ join_phase() {
   echo "join start $(cat "$WORK/join.go")" >> "$OUT/phases.txt"
   sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.5 + 4 }')"
   echo "{\"t_start_b\": $(date +%s.%N)}" > "$OUT/join-time.json"
-  # Its go file is already there: it starts as soon as it is ready (0.5 s warm-up).
+  # Its go file is already there: it starts as soon as it is ready (1 s warm-up).
   date +%s.%N > "$WORK/join.go2"
-  worker join b 1 cnn fgpu 10 0.5 "$WORK/join.go2"; pb=$!
+  worker join b 1 cnn fgpu 10 1 "$WORK/join.go2"; pb=$!
   sleep 8
   fgpu status --json > "$OUT/status-join.json" 2>&1
   wait $pb; record join b 1 cnn fgpu $?
