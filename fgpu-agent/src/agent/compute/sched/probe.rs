@@ -144,14 +144,15 @@ impl Probe {
         }
         let counts = || members.iter().map(|m| m.launches).collect::<Vec<_>>();
         let gpu = || members.iter().map(|m| m.gpu_ns).sum::<u64>();
+        let baseline = || Phase::Baseline {
+            since: now,
+            counts: counts(),
+            gpu: gpu(),
+        };
         match &mut self.phase {
             Phase::Turns => {
                 if now >= self.next_trial && now.saturating_sub(self.stable_since) >= SETTLE_NS {
-                    self.phase = Phase::Baseline {
-                        since: now,
-                        counts: counts(),
-                        gpu: gpu(),
-                    };
+                    self.phase = baseline();
                 }
                 false
             }
@@ -246,11 +247,7 @@ impl Probe {
                 }
                 if now.saturating_sub(*since) >= OPEN_FOR_NS {
                     // Measure turns afresh (then try open again at once).
-                    self.phase = Phase::Baseline {
-                        since: now,
-                        counts: counts(),
-                        gpu: gpu(),
-                    };
+                    self.phase = baseline();
                     self.closed = true;
                     return false;
                 }
@@ -379,6 +376,32 @@ mod tests {
         let mut q = Probe::default();
         let (ticks, _) = drive(&mut q, 0, 20, |_, o| if o { 200.0 } else { 100.0 }, false);
         assert_eq!((ticks, q.stats.trials), (0, 0));
+    }
+
+    /// A hostile tenant writes what it likes into its own launch count: a forged rate open
+    /// (or a count that goes backwards) only moves its own vote, so a neighbour that loses
+    /// open still keeps the device in turns.
+    #[test]
+    fn a_forged_launch_count_cannot_keep_a_device_open() {
+        let mut p = Probe::default();
+        let (_, open) = drive(
+            &mut p,
+            0,
+            30,
+            |i, o| if o { [1e9, 80.0][i] } else { 100.0 },
+            true,
+        );
+        assert!(!open);
+        assert_eq!(p.stats.opened, 0, "{:?}", p.stats);
+        // A count that drops (a page rewritten) reads as no progress: no trial.
+        let mut q = Probe::default();
+        for t in 0..8_000u64 {
+            let forged = if t % 2 == 0 { u64::MAX } else { 0 };
+            assert!(!q.step(
+                t * 1_000_000,
+                &[m(1, forged, t * 300_000), m(2, t, t * 300_000)]
+            ));
+        }
     }
 
     #[test]
