@@ -9,8 +9,10 @@
 //! whose turns left it partly idle (their measured GPU time added up to less than the wall
 //! time), it counts each tenant's
 //! launches (its progress: a step loop launches the same kernels every step) over a window
-//! of turns and then over a window open, and keeps the device open only if **every**
-//! tenant progressed at least about as fast open as in turns, and they gained on the whole.
+//! of turns, a window open and a window of turns again (A-B-A: a host that takes CPU from a
+//! launcher for a second moves one window, not the comparison), and keeps the device open
+//! only if **every** tenant progressed at least about as fast open as in the better of its
+//! two windows of turns, and they gained on the whole.
 //! Open, each tenant's rate is checked every window against its rate in turns; the first
 //! that falls behind closes the device again. A rejected trial is retried later and later.
 //!
@@ -70,6 +72,14 @@ enum Phase {
         since: u64,
         counts: Vec<u64>,
         turns: Vec<f64>,
+    },
+    /// Turns again, measured: the trial is judged against the better of the two windows of
+    /// turns around it.
+    After {
+        since: u64,
+        counts: Vec<u64>,
+        before: Vec<f64>,
+        open: Vec<f64>,
     },
     /// Open, each window checked.
     Open {
@@ -194,14 +204,37 @@ impl Probe {
                     return true;
                 }
                 let open = rates(now, *since, from, members);
-                let ratios: Vec<f64> = open.iter().zip(turns.iter()).map(|(o, t)| o / t).collect();
+                self.phase = Phase::After {
+                    since: now,
+                    counts: counts(),
+                    before: std::mem::take(turns),
+                    open,
+                };
+                self.closed = true;
+                false
+            }
+            Phase::After {
+                since,
+                counts: from,
+                before,
+                open,
+            } => {
+                if now.saturating_sub(*since) < WINDOW_NS {
+                    return false;
+                }
+                let after = rates(now, *since, from, members);
+                let turns: Vec<f64> = before.iter().zip(&after).map(|(b, a)| b.max(*a)).collect();
+                let ratios: Vec<f64> = open.iter().zip(&turns).map(|(o, t)| o / t).collect();
                 let least = ratios.iter().copied().fold(f64::INFINITY, f64::min);
                 let gain = ratios.iter().sum::<f64>() / ratios.len() as f64;
                 (self.stats.last_gain, self.stats.last_least) = (gain, least);
                 tracing::info!(
                     gain = format!("{gain:.2}"),
                     least = format!("{least:.2}"),
-                    "compute: open trial measured (rates open ÷ in turns)"
+                    ?open,
+                    ?turns,
+                    "compute: open trial measured (rates open ÷ the better of the turns \
+                     before and after)"
                 );
                 if least >= FLOOR && gain >= GAIN {
                     tracing::info!(
@@ -212,7 +245,6 @@ impl Probe {
                     );
                     self.stats.opened += 1;
                     self.backoff = BACKOFF_NS;
-                    let turns = std::mem::take(turns);
                     self.phase = Phase::Open {
                         since: now,
                         window: now,
@@ -222,7 +254,6 @@ impl Probe {
                     true
                 } else {
                     self.reject(now);
-                    self.closed = true;
                     false
                 }
             }
@@ -300,14 +331,14 @@ mod tests {
         }
     }
 
-    /// Drives a probe at 1 ms ticks over `secs` with launch rates `rate(t, open)` per
+    /// Drives a probe at 1 ms ticks over `secs` with launch rates `rate(i, open, t)` per
     /// tenant (launches per second); each measures 0.3 of the wall time as its GPU time
     /// (`idle`: the device 40% idle) or 0.5 (busy).
     fn drive(
         p: &mut Probe,
         from: u64,
         secs: u64,
-        rate: impl Fn(usize, bool) -> f64,
+        rate: impl Fn(usize, bool, u64) -> f64,
         idle: bool,
     ) -> (u64, bool) {
         let mut counts = [0.0f64; 2];
@@ -317,7 +348,7 @@ mod tests {
         let mut t = from;
         while t < from + secs * S {
             for (i, c) in counts.iter_mut().enumerate() {
-                *c += rate(i, open) / 1000.0;
+                *c += rate(i, open, t) / 1000.0;
             }
             gpu += if idle { 300_000 } else { 500_000 };
             let ms = [m(1, counts[0] as u64, gpu), m(2, counts[1] as u64, gpu)];
@@ -335,8 +366,8 @@ mod tests {
         let (_, open) = drive(
             &mut p,
             0,
-            6,
-            |i, o| if o { [130.0, 110.0][i] } else { 100.0 },
+            7,
+            |i, o, _| if o { [130.0, 110.0][i] } else { 100.0 },
             true,
         );
         assert!(open, "{:?}", p.stats);
@@ -344,13 +375,42 @@ mod tests {
         // Then tenant 2 falls to 80 open: closed within a window or two.
         let (_, open) = drive(
             &mut p,
-            6 * S,
+            7 * S,
             3,
-            |i, o| if o { [130.0, 80.0][i] } else { 100.0 },
+            |i, o, _| if o { [130.0, 80.0][i] } else { 100.0 },
             true,
         );
         assert!(!open);
         assert_eq!(p.stats.closed_behind, 1);
+    }
+
+    /// A tenant slowed during the first window of turns (its host took its CPU for a
+    /// second) looks as if it gained open; the window of turns after the trial shows it
+    /// did not, and the device stays in turns.
+    #[test]
+    fn a_slow_first_window_of_turns_does_not_open_a_device() {
+        let mut p = Probe::default();
+        // Turns: tenant 1 at 50 launches/s during the first measured window (3-4 s), 100
+        // otherwise; open: 80 (it loses 20%), tenant 2 gains.
+        let (_, open) = drive(
+            &mut p,
+            0,
+            8,
+            |i, o, t| match (i, o) {
+                (0, true) => 80.0,
+                (0, false) if (3 * S..4 * S).contains(&t) => 50.0,
+                (1, true) => 150.0,
+                _ => 100.0,
+            },
+            true,
+        );
+        assert!(!open);
+        assert_eq!((p.stats.trials, p.stats.opened), (1, 0), "{:?}", p.stats);
+        assert!(
+            (p.stats.last_least - 0.8).abs() < 0.02,
+            "judged against 100 (after), not 50: {:?}",
+            p.stats
+        );
     }
 
     #[test]
@@ -361,7 +421,7 @@ mod tests {
             &mut p,
             0,
             30,
-            |i, o| if o { [200.0, 90.0][i] } else { 100.0 },
+            |i, o, _| if o { [200.0, 90.0][i] } else { 100.0 },
             true,
         );
         assert!(!open);
@@ -374,7 +434,13 @@ mod tests {
         );
         // Busy holders: no trial at all.
         let mut q = Probe::default();
-        let (ticks, _) = drive(&mut q, 0, 20, |_, o| if o { 200.0 } else { 100.0 }, false);
+        let (ticks, _) = drive(
+            &mut q,
+            0,
+            20,
+            |_, o, _| if o { 200.0 } else { 100.0 },
+            false,
+        );
         assert_eq!((ticks, q.stats.trials), (0, 0));
     }
 
@@ -388,7 +454,7 @@ mod tests {
             &mut p,
             0,
             30,
-            |i, o| if o { [1e9, 80.0][i] } else { 100.0 },
+            |i, o, _| if o { [1e9, 80.0][i] } else { 100.0 },
             true,
         );
         assert!(!open);
