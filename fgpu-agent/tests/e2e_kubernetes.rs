@@ -10,167 +10,19 @@ mod common;
 mod k8s;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::{Agent, Cgroup, Load, SimState, privileged, sim_dir, unique};
 use k8s::apiserver::ApiServer;
 use k8s::kubelet;
+use k8s::plugin::{Plugin, PluginDirs, Tree, claim_json, claim_path, limit_of, limits, rt};
 
 const GIB: u64 = 1 << 30;
 const POD_A: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000a";
 const POD_B: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000b";
 const CLAIM_A: &str = "7d1e0c2a-1111-4c8e-9f00-00000000000a";
 const CLAIM_B: &str = "7d1e0c2a-2222-4c8e-9f00-00000000000b";
-
-fn claim_json(uid: &str, name: &str, memory: &str, compute: &str, pod: &str) -> String {
-    format!(
-        r#"{{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim",
-        "metadata":{{"name":"{name}","namespace":"team-a","uid":"{uid}","resourceVersion":"7"}},
-        "spec":{{"devices":{{"requests":[{{"name":"gpu","exactly":{{"deviceClassName":"fgpu.io",
-          "capacity":{{"requests":{{"memory":"{memory}","compute":"{compute}"}}}}}}}}]}}}},
-        "status":{{"allocation":{{"devices":{{"results":[{{"request":"gpu","driver":"fgpu.io",
-          "pool":"node-1","device":"gpu-0","shareID":"{uid}",
-          "consumedCapacity":{{"memory":"{memory}","compute":"{compute}"}}}}]}}}},
-          "reservedFor":[{{"resource":"pods","name":"pod-{name}","uid":"{pod}"}}]}}}}"#
-    )
-}
-
-fn claim_path(name: &str) -> String {
-    format!("/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{name}")
-}
-
-/// A running `fgpu kubelet-plugin`, stopped on drop.
-struct Plugin {
-    child: Child,
-    log: PathBuf,
-    reg_sock: PathBuf,
-    dra_sock: PathBuf,
-}
-
-struct PluginDirs {
-    root: PathBuf,
-}
-
-impl PluginDirs {
-    fn cdi(&self) -> PathBuf {
-        self.root.join("cdi")
-    }
-}
-
-impl Plugin {
-    fn start(dirs: &PluginDirs, agent: &Agent, api: &ApiServer, parent: &str) -> Self {
-        let log = dirs.root.join(format!("{}.log", unique("plugin")));
-        let child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
-            .args([
-                "kubelet-plugin",
-                "--sim",
-                "--log",
-                "info",
-                "--node-name",
-                "node-1",
-            ])
-            .arg("--api-server")
-            .arg(&api.url)
-            .arg("--registry-dir")
-            .arg(dirs.root.join("plugins_registry"))
-            .arg("--plugins-dir")
-            .arg(dirs.root.join("plugins"))
-            .arg("--cdi-dir")
-            .arg(dirs.cdi())
-            // The agent's state directory, as the chart has it (the plugin's checkpoint
-            // there names the pods in `fgpu status`).
-            .arg("--state-dir")
-            .arg(&agent.state_dir)
-            .arg("--admin-socket")
-            .arg(&agent.admin)
-            .arg("--socket")
-            .arg(&agent.socket)
-            .args(["--cgroup-parent", parent])
-            .env("FGPU_SIM_DIR", sim_dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("starting fgpu kubelet-plugin");
-        let mut p = Self {
-            child,
-            log,
-            reg_sock: dirs.root.join("plugins_registry/fgpu.io-reg.sock"),
-            dra_sock: dirs.root.join("plugins/fgpu.io/dra.sock"),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::os::unix::net::UnixStream::connect(&p.reg_sock).is_err()
-            || std::os::unix::net::UnixStream::connect(&p.dra_sock).is_err()
-        {
-            if let Ok(Some(st)) = p.child.try_wait() {
-                panic!("the plugin exited ({st}):\n{}", p.log_text());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the plugin did not start:\n{}",
-                p.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        p
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn stop(mut self) {
-        // SAFETY: kill on our own, unreaped child's pid.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// The agent's `limit ls --json`: cgroup -> (memory bytes, compute percent) set on it.
-fn limits(agent: &Agent) -> Vec<(String, Option<u64>, Option<u64>)> {
-    let out = agent.cli(&["limit", "ls", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["cgroup"].as_str().unwrap().to_string(),
-                e["own"]["memory_bytes"].as_u64(),
-                e["own"]["compute_pct"].as_u64(),
-            )
-        })
-        .collect()
-}
-
-fn limit_of(agent: &Agent, cgroup: &str) -> Option<(Option<u64>, Option<u64>)> {
-    limits(agent)
-        .into_iter()
-        .find(|(c, _, _)| c == cgroup)
-        .map(|(_, m, c)| (m, c))
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
@@ -498,9 +350,10 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
     let sim_state = SimState::new();
     let rt = rt();
     rt.block_on(async {
-        let registry = kubelet::DeviceRegistry::default();
+        let registry = kubelet::DeviceRegistry::new(&dir);
         kubelet::serve_registry(&dir.join("kubelet.sock"), registry.clone());
-        let log = dir.join("plugin.log");
+        // Beside the directory: a kubelet that starts empties it.
+        let log = dir.with_extension("log");
         let child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
             .args([
                 "kubelet-plugin",
@@ -519,7 +372,7 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
             .unwrap();
         let _child = KillOnDrop(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while registry.0.lock().unwrap().len() < 2 {
+        while registry.regs.lock().unwrap().len() < 2 {
             assert!(
                 Instant::now() < deadline,
                 "no registrations: {}",
@@ -527,7 +380,7 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let regs = registry.0.lock().unwrap().clone();
+        let regs = registry.regs.lock().unwrap().clone();
         let mut names: Vec<&str> = regs.iter().map(|r| r.resource_name.as_str()).collect();
         names.sort();
         assert_eq!(names, ["fgpu.io/gpu-compute", "fgpu.io/gpu-memory"]);
@@ -613,6 +466,34 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
             .unwrap()
             .into_inner();
         assert_eq!(a.container_responses[0].envs["FGPU_COMPUTE_SHARE"], "30");
+
+        // The kubelet restarts: its device manager deletes every socket in the directory
+        // and takes registrations on a new kubelet.sock, dialling each plugin's endpoint.
+        // fgpu serves on new sockets and registers both resources again.
+        kubelet::restart_device_manager(&dir, &registry);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while registry.regs.lock().unwrap().len() < 2 {
+            assert!(
+                Instant::now() < deadline,
+                "not registered again after a kubelet restart: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mem = registry
+            .regs
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|r| r.resource_name.ends_with("memory"))
+            .cloned()
+            .unwrap();
+        let mut c = dp::device_plugin_client::DevicePluginClient::new(
+            kubelet::channel(&dir.join(&mem.endpoint)).await,
+        );
+        let mut stream = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+        let again = stream.message().await.unwrap().unwrap();
+        assert_eq!(again.devices.len(), 32, "the same units after the restart");
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -623,17 +504,6 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-/// Nested cgroups, removed children first (also when a test fails).
-struct Tree(Vec<Cgroup>);
-
-impl Drop for Tree {
-    fn drop(&mut self) {
-        while let Some(cg) = self.0.pop() {
-            drop(cg);
-        }
     }
 }
 

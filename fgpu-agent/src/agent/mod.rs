@@ -25,6 +25,7 @@ mod ledgers;
 mod limits;
 pub(crate) mod logging;
 pub(crate) mod metrics;
+mod ownpod;
 mod peer;
 mod pidfd;
 mod pins;
@@ -130,6 +131,14 @@ pub struct AgentArgs {
     /// container option is missing if not. docs/containers.md.
     #[arg(long, value_name = "PID")]
     host_process: Option<u32>,
+    /// In a Kubernetes pod (the Helm chart's DaemonSet): the admin socket also serves the
+    /// other containers of the agent's own pod — the kubelet plugin, `kubectl exec -c agent
+    /// -- fgpu ...` — which share the host's PID and user namespaces (`hostPID`) but have
+    /// mount namespaces of their own. Told apart by the cgroup the kernel reports for the
+    /// caller (a container directly in the agent's pod cgroup); the agent refuses to start if
+    /// its own cgroup is not a pod's container. Needs --host-process.
+    #[arg(long, requires = "host_process")]
+    admin_own_pod: bool,
     /// Log line format: `text` (key=value fields) or `json` (one object per line, for log
     /// pipelines; limit changes, denials and backstop actions carry an `event` field).
     #[arg(
@@ -157,6 +166,11 @@ pub fn run(args: AgentArgs) -> Result<()> {
     match args.host_process {
         Some(pid) => hostns::adopt(pid)?,
         None => hostns::warn_if_in_container(),
+    }
+    if args.admin_own_pod {
+        let own = pidfd::cgroup_of_pid(std::process::id())
+            .context("--admin-own-pod: cannot read the agent's own cgroup")?;
+        ownpod::adopt(&own)?;
     }
     let host = preflight::check()?;
     let limits = limits::LimitStore::open(&args.state_dir)?;

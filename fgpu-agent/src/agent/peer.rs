@@ -67,7 +67,12 @@ impl Caller {
         };
         let host = match (&pidfd, door) {
             // Only the admin door asks; the containers' door serves everyone the same.
-            (Ok(fd), Door::Admin) => same_namespaces(fd, peer.pid),
+            // The other containers of the agent's own pod (`--admin-own-pod`) have mount
+            // namespaces of their own; PID and user must still be the host's.
+            (Ok(fd), Door::Admin) => {
+                let own_pod = cgroup.as_deref().is_some_and(super::ownpod::contains);
+                same_namespaces_by(fd, peer.pid, false, own_pod)
+            }
             (Err(err), Door::Admin) => Err(format!("the caller's process cannot be named: {err}")),
             (_, Door::Containers) => Err("not checked on the containers' socket".into()),
         };
@@ -148,16 +153,20 @@ fn ns_by_proc(pid: u32, index: usize) -> io::Result<NsId> {
     Ok((m.dev(), m.ino()))
 }
 
-/// `Ok` if the pidfd's process is in the agent's PID, mount and user namespaces.
-fn same_namespaces(pidfd: &OwnedFd, pid: Option<u32>) -> Result<(), String> {
-    same_namespaces_by(pidfd, pid, false)
-}
-
-/// [`same_namespaces`]; `force_proc` takes the path of kernels without the pidfd ioctls.
-fn same_namespaces_by(pidfd: &OwnedFd, pid: Option<u32>, force_proc: bool) -> Result<(), String> {
+/// `Ok` if the pidfd's process is in the agent's PID, mount and user namespaces (PID and user
+/// only with `any_mount`); `force_proc` takes the path of kernels without the pidfd ioctls.
+fn same_namespaces_by(
+    pidfd: &OwnedFd,
+    pid: Option<u32>,
+    force_proc: bool,
+    any_mount: bool,
+) -> Result<(), String> {
     let own = own_namespaces();
     let mut via_proc = false;
     for (i, (name, request)) in NAMESPACES.iter().enumerate() {
+        if any_mount && *name == "mount" {
+            continue;
+        }
         let by_pidfd = if force_proc {
             Err(io::Error::from_raw_os_error(libc::ENOTTY))
         } else {
@@ -210,8 +219,8 @@ mod tests {
         let me = std::process::id();
         let pidfd = pidfd_open(me).unwrap();
         assert!(alive(&pidfd));
-        assert_eq!(same_namespaces_by(&pidfd, Some(me), true), Ok(()));
-        assert_eq!(same_namespaces_by(&pidfd, Some(me), false), Ok(()));
+        assert_eq!(same_namespaces_by(&pidfd, Some(me), true, false), Ok(()));
+        assert_eq!(same_namespaces_by(&pidfd, Some(me), false, false), Ok(()));
         let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
         assert_eq!(cgroup_of(&pidfd, me).as_deref(), unified_path(&text));
     }
@@ -249,10 +258,48 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         let pidfd = pidfd_open(sleeper).unwrap();
+        for (force_proc, any_mount) in [(false, false), (true, false), (false, true)] {
+            assert_eq!(
+                same_namespaces_by(&pidfd, Some(sleeper), force_proc, any_mount),
+                Err("the caller is not in the agent's PID namespace".to_string()),
+                "force_proc {force_proc}, any mount namespace {any_mount} (the agent's pod)"
+            );
+        }
+        let _ = unshare.kill();
+        let _ = unshare.wait();
+    }
+
+    /// A container of the agent's own pod (`--admin-own-pod`): the host's PID namespace
+    /// (`hostPID`), a mount namespace of its own. Refused as a host caller, accepted with
+    /// any mount namespace — by either path.
+    #[test]
+    fn privileged_a_process_in_its_own_mount_namespace_passes_only_as_the_agents_pod() {
+        if !fgpu_testkit::privileged() {
+            return;
+        }
+        let mut unshare = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sleep", "10"])
+            .spawn()
+            .unwrap();
+        let pid = unshare.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| !p.ends_with("sleep")) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "unshare did not exec sleep"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let pidfd = pidfd_open(pid).unwrap();
         for force_proc in [false, true] {
             assert_eq!(
-                same_namespaces_by(&pidfd, Some(sleeper), force_proc),
-                Err("the caller is not in the agent's PID namespace".to_string()),
+                same_namespaces_by(&pidfd, Some(pid), force_proc, false),
+                Err("the caller is not in the agent's mount namespace".to_string()),
+                "force_proc {force_proc}"
+            );
+            assert_eq!(
+                same_namespaces_by(&pidfd, Some(pid), force_proc, true),
+                Ok(()),
                 "force_proc {force_proc}"
             );
         }

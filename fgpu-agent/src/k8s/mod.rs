@@ -65,6 +65,12 @@ pub struct KubeletPluginArgs {
     /// in-cluster service account, else $KUBECONFIG / ~/.kube/config].
     #[arg(long, value_name = "URL")]
     pub api_server: Option<String>,
+    /// How often the node's ResourceSlice is read back and published again when it is gone
+    /// (a kubelet that starts deletes its node's slices; so does one 30 s after a plugin
+    /// went away). A failed publish is retried sooner: 1 s, 2 s, ... up to this.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub slice_recheck: u64,
     /// List the simulated driver's GPUs ($FGPU_SIM_DIR/libnvidia-ml.so.1).
     #[arg(long)]
     pub sim: bool,
@@ -106,7 +112,10 @@ pub fn run(args: &KubeletPluginArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--driver-name {}: {e}", args.driver_name))?;
     // One TLS provider for the API server's connection, whatever else links rustls.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let rt = tokio::runtime::Builder::new_current_thread()
+    // Two workers: a call to the agent that waits (a busy or hung agent) must not stall the
+    // other gRPC server, the registration handshake or the slice's upkeep.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()?;
     rt.block_on(serve(args))
@@ -195,13 +204,20 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
     let driver = Arc::new(driver::Driver::new(cfg, client.clone(), ckpt));
     driver.reconcile(true).await;
 
-    if let (Some(node), Some(client)) = (&args.node_name, &client) {
-        if let Err(err) = slice::publish(client, node, &args.driver_name, &gpus).await {
-            tracing::error!("{err:#}");
+    let slices = match (&args.node_name, &client) {
+        (Some(node), Some(client)) => Some(tokio::spawn(slice::keep_published(
+            client.clone(),
+            node.clone(),
+            args.driver_name.clone(),
+            gpus.clone(),
+            Duration::from_secs(args.slice_recheck),
+        ))),
+        (None, _) => {
+            tracing::warn!("no --node-name (NODE_NAME): the ResourceSlice is not published");
+            None
         }
-    } else if args.node_name.is_none() {
-        tracing::warn!("no --node-name (NODE_NAME): the ResourceSlice is not published");
-    }
+        (Some(_), None) => None,
+    };
 
     let dra_sock = args.plugins_dir.join(&args.driver_name).join("dra.sock");
     let reg_sock = args
@@ -251,6 +267,9 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
         _ = term.recv() => Ok(()),
         _ = tokio::signal::ctrl_c() => Ok(()),
     };
+    if let Some(s) = slices {
+        s.abort();
+    }
     // Gone sockets tell the kubelet we are gone (it re-registers us when they come back).
     let _ = std::fs::remove_file(&reg_sock);
     let _ = std::fs::remove_file(&dra_sock);
@@ -270,10 +289,10 @@ async fn serve_device_plugins(args: &KubeletPluginArgs, gpus: &[slice::SliceGpu]
             deviceplugin::Unit::Compute,
         ),
     ];
-    let mut servers = Vec::new();
-    for (name, unit) in resources {
-        let r = deviceplugin::Resource {
-            name: name.clone(),
+    let plugins: Vec<deviceplugin::Resource> = resources
+        .into_iter()
+        .map(|(name, unit)| deviceplugin::Resource {
+            name,
             unit,
             gpus: gpus
                 .iter()
@@ -286,27 +305,43 @@ async fn serve_device_plugins(args: &KubeletPluginArgs, gpus: &[slice::SliceGpu]
                 })
                 .collect(),
             cdi_kind: args.cdi_kind.clone(),
-        };
-        let sock = args
-            .device_plugins_dir
-            .join(deviceplugin::socket_name(&name));
-        let incoming = server::bind(&sock)?;
-        tracing::info!(resource = %name, devices = r.device_ids().len(), socket = %sock.display(), "device plugin serving");
-        servers.push(tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(DevicePluginServer::new(deviceplugin::DevicePluginService(
-                    r,
-                )))
-                .serve_with_incoming(incoming),
-        ));
-    }
-    // Register, and again whenever the kubelet restarts (its socket is made anew).
-    let kubelet = args.device_plugins_dir.join("kubelet.sock");
+        })
+        .collect();
     let ino = |p: &Path| {
         std::fs::metadata(p)
             .ok()
             .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
     };
+    // One server per resource on a socket of its own. A kubelet that starts deletes every
+    // socket in its device-plugins directory (pkg/kubelet/cm/devicemanager/manager.go,
+    // `Start` → `removeContents`) and then takes registrations on its new kubelet.sock: a
+    // plugin must serve on a new socket before it registers again (as NVIDIA's
+    // k8s-device-plugin restarts its servers when kubelet.sock is made anew).
+    let bind_all = || -> Result<Vec<Serving>> {
+        let mut servers = Vec::new();
+        for r in &plugins {
+            let sock = args
+                .device_plugins_dir
+                .join(deviceplugin::socket_name(&r.name));
+            let incoming = server::bind(&sock)?;
+            tracing::info!(resource = %r.name, devices = r.device_ids().len(), socket = %sock.display(), "device plugin serving");
+            let task = tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(DevicePluginServer::new(deviceplugin::DevicePluginService(
+                        r.clone(),
+                    )))
+                    .serve_with_incoming(incoming),
+            );
+            servers.push(Serving {
+                ino: ino(&sock),
+                sock,
+                task,
+            });
+        }
+        Ok(servers)
+    };
+    let mut servers = bind_all()?;
+    let kubelet = args.device_plugins_dir.join("kubelet.sock");
     let mut registered: Option<u64> = None;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -316,12 +351,25 @@ async fn serve_device_plugins(args: &KubeletPluginArgs, gpus: &[slice::SliceGpu]
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
         }
+        if servers
+            .iter()
+            .any(|s| s.ino.is_none() || ino(&s.sock) != s.ino)
+        {
+            tracing::warn!(
+                "a device-plugin socket is gone (a kubelet that starts deletes them): \
+                 serving on new sockets and registering again"
+            );
+            for s in &servers {
+                s.task.abort();
+            }
+            servers = bind_all()?;
+            registered = None;
+        }
         let now = ino(&kubelet);
         if now.is_some() && now != registered {
             let mut ok = true;
-            for name in ["gpu-memory", "gpu-compute"] {
-                let res = format!("{}/{name}", args.driver_name);
-                if let Err(err) = deviceplugin::register(&args.device_plugins_dir, &res).await {
+            for r in &plugins {
+                if let Err(err) = deviceplugin::register(&args.device_plugins_dir, &r.name).await {
                     tracing::warn!("{err:#}");
                     ok = false;
                 }
@@ -330,16 +378,22 @@ async fn serve_device_plugins(args: &KubeletPluginArgs, gpus: &[slice::SliceGpu]
                 registered = now;
             }
         }
-        if servers.iter().any(|s| s.is_finished()) {
+        if servers.iter().any(|s| s.task.is_finished()) {
             bail!("a device-plugin server stopped");
         }
     }
-    for name in ["gpu-memory", "gpu-compute"] {
-        let _ = std::fs::remove_file(args.device_plugins_dir.join(deviceplugin::socket_name(
-            &format!("{}/{name}", args.driver_name),
-        )));
+    for s in &servers {
+        let _ = std::fs::remove_file(&s.sock);
     }
     Ok(())
+}
+
+/// One device-plugin server and the socket it serves on (its inode when bound: a socket
+/// deleted, or deleted and made again by someone else, is not ours any more).
+struct Serving {
+    sock: PathBuf,
+    ino: Option<u64>,
+    task: tokio::task::JoinHandle<std::result::Result<(), tonic::transport::Error>>,
 }
 
 /// The node's GPUs by NVML (the simulated driver's with `sim`). None found: an empty list.

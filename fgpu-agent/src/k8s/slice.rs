@@ -25,6 +25,12 @@ pub struct SliceGpu {
 /// The step memory requests are rounded up to (and the least one).
 pub const MEMORY_STEP: u64 = 256 << 20;
 
+/// What a claim that names no memory gets: the GPU's memory rounded down to whole steps
+/// (one step at least).
+pub fn default_memory(total: u64) -> u64 {
+    (total / MEMORY_STEP * MEMORY_STEP).max(MEMORY_STEP)
+}
+
 pub fn device_name(index: u32) -> String {
     format!("gpu-{index}")
 }
@@ -50,8 +56,12 @@ pub fn build(node: &str, driver: &str, gpus: &[SliceGpu]) -> r::ResourceSlice {
             let memory = r::DeviceCapacity {
                 value: q(g.memory_bytes.to_string()),
                 request_policy: Some(r::CapacityRequestPolicy {
-                    // A claim that names no memory takes the whole GPU's.
-                    default: Some(q(g.memory_bytes.to_string())),
+                    // A claim that names no memory takes the whole GPU's, in whole steps:
+                    // the API server requires the default to be min + n × step
+                    // (pkg/apis/resource/validation, validateRequestPolicyRangeStep), and
+                    // an H200's 143771 MiB is not a multiple of 256 MiB (NVIDIA's driver
+                    // rounds down likewise).
+                    default: Some(q(default_memory(g.memory_bytes).to_string())),
                     valid_range: Some(r::CapacityRequestPolicyRange {
                         min: q(quantity::bytes(MEMORY_STEP)),
                         max: None,
@@ -151,6 +161,75 @@ pub async fn publish(
     Ok(())
 }
 
+/// Retries of a failed publish wait this long at first, doubling up to the recheck period.
+const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn device_names(spec: &r::ResourceSliceSpec) -> Vec<String> {
+    let mut v: Vec<String> = spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| d.name.clone())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Publishes the slice and keeps it published: every `recheck` it is read back and applied
+/// again if it is gone (the kubelet deletes a node's slices when it starts and 30 s after a
+/// plugin unregisters: pkg/kubelet/cm/dra/plugin; an administrator) or does not offer this
+/// node's devices; a failed publish or read is retried after 1 s, 2 s, ... up to `recheck`.
+/// Never returns.
+pub async fn keep_published(
+    client: kube::Client,
+    node: String,
+    driver: String,
+    gpus: Vec<SliceGpu>,
+    recheck: std::time::Duration,
+) {
+    let api: kube::Api<r::ResourceSlice> = kube::Api::all(client.clone());
+    let name = slice_name(&node, &driver);
+    let want = device_names(&build(&node, &driver, &gpus).spec);
+    let mut published = false;
+    let mut retry = RETRY;
+    loop {
+        let result = if published {
+            match api.get_opt(&name).await {
+                // Its devices by name: the API server canonicalises quantities
+                // ("17179869184" reads back as "16Gi") and defaults fields.
+                Ok(Some(s)) if device_names(&s.spec) == want => Ok(false),
+                Ok(found) => {
+                    tracing::warn!(
+                        slice = %name,
+                        "the node's ResourceSlice is {}: publishing it again",
+                        if found.is_some() { "not what this node offers" } else { "gone (a kubelet restart?)" }
+                    );
+                    publish(&client, &node, &driver, &gpus).await.map(|()| true)
+                }
+                Err(err) => {
+                    Err(anyhow::Error::from(err).context(format!("reading ResourceSlice {name}")))
+                }
+            }
+        } else {
+            publish(&client, &node, &driver, &gpus).await.map(|()| true)
+        };
+        let wait = match result {
+            Ok(_) => {
+                published = true;
+                retry = RETRY;
+                recheck
+            }
+            Err(err) => {
+                let wait = retry.min(recheck);
+                retry = (retry * 2).min(recheck);
+                tracing::error!(retry_in_s = wait.as_secs(), "{err:#}");
+                wait
+            }
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +257,20 @@ mod tests {
         assert_eq!(d["attributes"]["uuid"]["string"], "GPU-x");
         assert_eq!(v["spec"]["pool"]["name"], "node-1");
         assert_eq!(v["metadata"]["name"], "node-1-fgpu.io");
+    }
+
+    #[test]
+    fn the_default_memory_is_whole_steps_of_the_gpu() {
+        let mib = 1u64 << 20;
+        // H200 (143771 MiB), a 16 GiB sim GPU, 80 and 24 GiB GPUs, a tiny one.
+        assert_eq!(default_memory(143_771 * mib), 143_616 * mib);
+        assert_eq!(default_memory(16 << 30), 16 << 30);
+        assert_eq!(default_memory(81_559 * mib), 81_408 * mib);
+        assert_eq!(default_memory(24_564 * mib), 24_320 * mib);
+        assert_eq!(default_memory(100 * mib), MEMORY_STEP);
+        for total in [143_771 * mib, 81_559 * mib, 24_564 * mib, 16 << 30] {
+            assert_eq!(default_memory(total) % MEMORY_STEP, 0);
+            assert!(default_memory(total) <= total);
+        }
     }
 }

@@ -65,6 +65,27 @@ impl Agent {
     /// Starts an agent on a given state directory and containers' socket; its admin socket is
     /// in a directory of its own beside the containers' socket's directory.
     pub fn start_at(state_dir: &Path, socket: &Path, extra: &[&str]) -> Self {
+        Self::start_exe(
+            Path::new(env!("CARGO_BIN_EXE_fgpu")),
+            state_dir,
+            socket,
+            extra,
+        )
+    }
+
+    /// Starts an agent in cgroup `cg` (it joins before anything runs), with its own socket
+    /// and state directory, plus `extra` arguments: an agent in a container's cgroup.
+    pub fn start_in_cgroup(cg: &Cgroup, extra: &[&str]) -> Self {
+        let name = unique("fgpu-agent");
+        let state_dir = std::env::temp_dir().join(format!("{name}.state"));
+        let socket = std::env::temp_dir()
+            .join(format!("{name}.run"))
+            .join("fgpu.sock");
+        let exe = in_cgroup_exe(cg, Path::new(env!("CARGO_BIN_EXE_fgpu")));
+        Self::start_exe(&exe, &state_dir, &socket, extra)
+    }
+
+    fn start_exe(fgpu: &Path, state_dir: &Path, socket: &Path, extra: &[&str]) -> Self {
         let name = unique("fgpu-agent");
         let socket = socket.to_path_buf();
         let run_dir = socket.parent().expect("a socket path with a directory");
@@ -85,7 +106,7 @@ impl Agent {
         let log = std::env::temp_dir().join(format!("{name}.log"));
         let process = SimAgent::start_doors(
             &AgentPaths {
-                fgpu: Path::new(env!("CARGO_BIN_EXE_fgpu")),
+                fgpu,
                 sim_dir: &sim_dir(),
                 socket: &admin,
                 state_dir,
@@ -197,6 +218,24 @@ impl Agent {
     pub fn crash(self) {
         self.process.crash();
     }
+}
+
+/// A script that moves itself into cgroup `cg` and then runs `real` with its arguments (the
+/// same PID: the process `real` becomes is in `cg` from its first instruction).
+pub fn in_cgroup_exe(cg: &Cgroup, real: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let script = std::env::temp_dir().join(unique("fgpu-in-cgroup"));
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\necho $$ > '{}/cgroup.procs' || exit 97\nexec '{}' \"$@\"\n",
+            cg.dir.display(),
+            real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
 }
 
 pub fn fgpu(args: &[&str]) -> std::process::Output {

@@ -1,7 +1,9 @@
 //! The smallest honest stand-in for the API server: an HTTP/1.1 server on loopback that
-//! serves recorded objects by path (GET), records what is applied (PATCH) and answers the
-//! rest with a Kubernetes `Status` 404. kube-rs talks to it as to a real one (same paths,
-//! same JSON); what it does not check is in docs/kubernetes.md.
+//! serves recorded objects by path (GET), records and stores what is applied (PATCH),
+//! deletes (DELETE) and answers the rest with a Kubernetes `Status` 404. A ResourceSlice is
+//! validated before it is stored, as the real server does (`super::validate`), and refused
+//! with a 422 `Invalid` Status carrying the upstream messages. kube-rs talks to it as to a
+//! real one (same paths, same JSON); what it does not check is in docs/kubernetes.md.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -13,6 +15,10 @@ struct Shared {
     objects: HashMap<String, String>,
     patches: Vec<(String, String)>,
     gets: Vec<String>,
+    /// PATCHes refused so far (validation), with the Status message.
+    refused: Vec<(String, String)>,
+    /// The next this many PATCHes fail with a 500 (an API server that is not ready yet).
+    fail_patches: usize,
 }
 
 pub struct ApiServer {
@@ -58,6 +64,46 @@ impl ApiServer {
     pub fn gets(&self) -> Vec<String> {
         self.shared.lock().unwrap().gets.clone()
     }
+
+    /// (path, message) of every PATCH refused as invalid.
+    pub fn refused(&self) -> Vec<(String, String)> {
+        self.shared.lock().unwrap().refused.clone()
+    }
+
+    /// The object stored at `path`, if any.
+    pub fn get(&self, path: &str) -> Option<String> {
+        self.shared.lock().unwrap().objects.get(path).cloned()
+    }
+
+    /// Fails the next `n` PATCHes with a 500.
+    pub fn fail_patches(&self, n: usize) {
+        self.shared.lock().unwrap().fail_patches = n;
+    }
+}
+
+/// PATCH (server-side apply) at `path`: a ResourceSlice is validated first.
+fn apply(s: &mut Shared, target: &str, path: &str, body: &str) -> (u16, String) {
+    if s.fail_patches > 0 {
+        s.fail_patches -= 1;
+        return (500, status(500, "InternalError", "the server is not ready"));
+    }
+    if let Some(name) = path.strip_prefix("/apis/resource.k8s.io/v1/resourceslices/") {
+        let errs = match serde_json::from_str::<serde_json::Value>(body) {
+            Ok(v) => super::validate::resource_slice(&v),
+            Err(e) => vec![format!("the body is not JSON: {e}")],
+        };
+        if !errs.is_empty() {
+            let msg = format!(
+                "ResourceSlice.resource.k8s.io \"{name}\" is invalid: [{}]",
+                errs.join(", ")
+            );
+            s.refused.push((path.to_string(), msg.clone()));
+            return (422, status(422, "Invalid", &msg));
+        }
+    }
+    s.patches.push((target.to_string(), body.to_string()));
+    s.objects.insert(path.to_string(), body.to_string());
+    (200, body.to_string())
 }
 
 fn serve(stream: std::net::TcpStream, shared: &Mutex<Shared>) {
@@ -95,20 +141,35 @@ fn serve(stream: std::net::TcpStream, shared: &Mutex<Shared>) {
                     None => (404, not_found(&path)),
                 }
             }
-            "PATCH" => {
-                s.patches.push((target.clone(), body.clone()));
-                (200, body)
-            }
+            "PATCH" => apply(&mut s, &target, &path, &body),
+            "DELETE" => match s.objects.remove(&path) {
+                Some(_) => (200, status(200, "", "deleted")),
+                None => (404, not_found(&path)),
+            },
             _ => (404, not_found(&path)),
         }
     };
-    let reason = if code == 200 { "OK" } else { "Not Found" };
+    let reason = match code {
+        200 => "OK",
+        422 => "Unprocessable Entity",
+        500 => "Internal Server Error",
+        _ => "Not Found",
+    };
     let mut out = stream;
     let _ = write!(
         out,
         "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
         answer.len()
     );
+}
+
+fn status(code: u16, reason: &str, message: &str) -> String {
+    serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": if code == 200 { "Success" } else { "Failure" },
+        "message": message, "reason": reason, "code": code,
+    })
+    .to_string()
 }
 
 fn not_found(path: &str) -> String {

@@ -67,9 +67,25 @@ pub async fn unprepare(
         .into_inner()
 }
 
-/// The kubelet's device-plugin Registration service, recording what plugins register.
-#[derive(Clone, Default)]
-pub struct DeviceRegistry(pub std::sync::Arc<std::sync::Mutex<Vec<dp::RegisterRequest>>>);
+/// The kubelet's device-plugin Registration service, recording what plugins register. As
+/// the kubelet does (pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go, `Register` →
+/// `connectClient`), a registration whose endpoint socket cannot be dialled in the
+/// device-plugins directory is refused.
+#[derive(Clone)]
+pub struct DeviceRegistry {
+    pub regs: std::sync::Arc<std::sync::Mutex<Vec<dp::RegisterRequest>>>,
+    dir: std::path::PathBuf,
+}
+
+impl DeviceRegistry {
+    /// For plugins of the device-plugins directory `dir`.
+    pub fn new(dir: &Path) -> Self {
+        Self {
+            regs: Default::default(),
+            dir: dir.to_path_buf(),
+        }
+    }
+}
 
 use fgpu_kubelet_api::deviceplugin::v1beta1 as dp;
 
@@ -79,7 +95,20 @@ impl dp::registration_server::Registration for DeviceRegistry {
         &self,
         r: tonic::Request<dp::RegisterRequest>,
     ) -> Result<tonic::Response<dp::Empty>, tonic::Status> {
-        self.0.lock().unwrap().push(r.into_inner());
+        let r = r.into_inner();
+        let ep = self.dir.join(&r.endpoint);
+        let dial = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tokio::net::UnixStream::connect(&ep),
+        )
+        .await;
+        if !matches!(dial, Ok(Ok(_))) {
+            return Err(tonic::Status::unknown(format!(
+                "failed to dial device plugin with socketPath {}",
+                ep.display()
+            )));
+        }
+        self.regs.lock().unwrap().push(r);
         Ok(tonic::Response::new(dp::Empty {}))
     }
 }
@@ -93,4 +122,26 @@ pub fn serve_registry(sock: &Path, registry: DeviceRegistry) {
             .add_service(dp::registration_server::RegistrationServer::new(registry))
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l)),
     );
+}
+
+/// What a kubelet that starts does to the device-plugins directory `dir`
+/// (pkg/kubelet/cm/devicemanager/manager.go, `Start` → `removeContents`: every file but the
+/// checkpoint goes, plugins' sockets included), then it serves registrations on a new
+/// kubelet.sock. `registry` forgets the registrations it had.
+pub fn restart_device_manager(dir: &Path, registry: &DeviceRegistry) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.file_name() == "kubelet_internal_checkpoint" {
+            continue;
+        }
+        if e.path().is_file() || is_socket(&e.path()) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    registry.regs.lock().unwrap().clear();
+    serve_registry(&dir.join("kubelet.sock"), registry.clone());
+}
+
+fn is_socket(p: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket())
 }

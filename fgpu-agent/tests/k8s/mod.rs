@@ -3,3 +3,5 @@
 
 pub mod apiserver;
 pub mod kubelet;
+pub mod plugin;
+pub mod validate;
