@@ -83,7 +83,14 @@ pub fn plan(claim: &ResourceClaim, driver: &str, expect_uid: &str) -> Result<Opt
                 r.device
             );
         }
-        requests.push(r.request.clone());
+        // A prioritized list's result names its subrequest (`gpu/small`); the containers of
+        // the pod name the request (`resources.claims[].request: gpu`), and the kubelet
+        // matches the prepared devices to them by that name
+        // (k8s.io/dynamic-resource-allocation/resourceclaim `BaseRequestRef`).
+        let base = r.request.split('/').next().unwrap_or_default().to_string();
+        if !requests.contains(&base) {
+            requests.push(base);
+        }
         let cap = r.consumed_capacity.as_ref();
         let get = |name: &str| -> Result<Option<u64>> {
             cap.and_then(|c| c.get(name))
@@ -195,6 +202,15 @@ pub mod tests {
         assert_eq!(plan(&c, "other.io", "u1").unwrap(), None, "not ours");
         let err = plan(&c, "fgpu.io", "u2").unwrap_err().to_string();
         assert!(err.contains("recreated"), "{err}");
+        // A prioritized list's result (`gpu/small`): the request it answers is `gpu`.
+        let sub = parse(
+            &claim_json("u1", "c1", "8Gi", "30", &["aa"])
+                .replace(r#""request":"gpu","#, r#""request":"gpu/small","#),
+        );
+        assert_eq!(
+            plan(&sub, "fgpu.io", "u1").unwrap().unwrap().requests,
+            ["gpu"]
+        );
         let whole = parse(&claim_json("u1", "c1", "8Gi", "100", &["aa"]));
         assert_eq!(
             plan(&whole, "fgpu.io", "u1").unwrap().unwrap().compute_pct,
