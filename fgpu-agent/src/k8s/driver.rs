@@ -45,7 +45,13 @@ struct State {
     ckpt: Checkpoint,
     /// Pods whose limit is on their cgroup now: pod UID -> (cgroup, limit).
     applied: BTreeMap<String, (String, Limit)>,
+    /// Pods with a limit whose cgroup was not found: since when, and whether that was said.
+    missing: BTreeMap<String, (std::time::Instant, bool)>,
 }
+
+/// A pod's cgroup still missing this long after its claim was prepared is said at warn,
+/// with where it was looked for (a kubelet cgroupRoot fgpu was not told of).
+const MISSING_WARN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The kind of fgpu's per-claim CDI devices: `<driver>/claim=<claim UID>`.
 pub fn cdi_kind(driver: &str) -> String {
@@ -60,6 +66,7 @@ impl Driver {
             state: tokio::sync::Mutex::new(State {
                 ckpt,
                 applied: BTreeMap::new(),
+                missing: BTreeMap::new(),
             }),
         }
     }
@@ -214,6 +221,7 @@ impl Driver {
         let found = podcgroup::find(&self.cfg.cgroup_mount, &self.cfg.cgroup_parent, pod);
         match (want, found) {
             (Some(limit), Some(cg)) => {
+                st.missing.remove(pod);
                 if st.applied.get(pod) == Some(&(cg.clone(), limit.clone())) {
                     return Ok(());
                 }
@@ -229,11 +237,27 @@ impl Driver {
                 st.applied.insert(pod.to_string(), (cg, limit));
             }
             (Some(_), None) => {
-                tracing::info!(
-                    pod,
-                    "the pod's cgroup does not exist yet: limited when it appears"
-                );
                 st.applied.remove(pod);
+                let now = std::time::Instant::now();
+                let (since, said) = st.missing.entry(pod.to_string()).or_insert((now, false));
+                if !*said && now.duration_since(*since) >= MISSING_WARN {
+                    *said = true;
+                    tracing::warn!(
+                        pod,
+                        cgroup_parent = %self.cfg.cgroup_parent,
+                        tried = ?podcgroup::candidates(&self.cfg.cgroup_parent, pod),
+                        "the pod's cgroup is still not found {} s after its claim was prepared: \
+                         its GPU limit is not applied. If the kubelet runs with --cgroup-root \
+                         (kind: /kubelet), give the plugin --cgroup-parent (chart: \
+                         kubeletCgroupRoot)",
+                        MISSING_WARN.as_secs()
+                    );
+                } else if since == &now {
+                    tracing::info!(
+                        pod,
+                        "the pod's cgroup does not exist yet: limited when it appears"
+                    );
+                }
             }
             (None, Some(cg)) => {
                 st.applied.remove(pod);
@@ -244,6 +268,7 @@ impl Driver {
             }
             (None, None) => {
                 st.applied.remove(pod);
+                st.missing.remove(pod);
             }
         }
         Ok(())
