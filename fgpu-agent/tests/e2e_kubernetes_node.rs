@@ -7,7 +7,8 @@
 //! publishes a slice it stores, after a first publish that failed twice (retried, not given
 //! up), and — on the H200 — publishes it again after the kubelet deleted it, as a kubelet
 //! does when it starts (pkg/kubelet/cm/dra/plugin: the node's slices are wiped at start and
-//! 30 s after a plugin unregisters).
+//! 30 s after a plugin unregisters). An API server with DRAConsumableCapacity off stores the
+//! slice without its sharing fields: the plugin says so.
 
 mod common;
 mod k8s;
@@ -126,6 +127,21 @@ fn privileged_the_slice_is_valid_on_every_gpu_size_retried_and_published_again_a
                 plugin.log_text().contains("publishing it again"),
                 "{}",
                 plugin.log_text()
+            );
+        }
+        if gpu == "24 GB" {
+            // An API server with DRAConsumableCapacity off drops the sharing fields on
+            // write, silently: the plugin reads the slice back and says so, once.
+            api.without_consumable_capacity();
+            api.remove(SLICE);
+            wait_for(
+                "no error about the dropped consumable-capacity fields",
+                &plugin,
+                || {
+                    plugin
+                        .log_text()
+                        .contains("DRAConsumableCapacity feature gate is off")
+                },
             );
         }
         plugin.stop();

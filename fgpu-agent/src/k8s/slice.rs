@@ -164,6 +164,18 @@ pub async fn publish(
 /// Retries of a failed publish wait this long at first, doubling up to the recheck period.
 const RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Whether the stored slice kept what makes its devices shareable by capacity (an API server
+/// without DRAConsumableCapacity drops these fields on write, silently).
+fn shareable(spec: &r::ResourceSliceSpec) -> bool {
+    spec.devices.iter().flatten().all(|d| {
+        d.allow_multiple_allocations == Some(true)
+            && d.capacity
+                .as_ref()
+                .and_then(|c| c.get(MEMORY))
+                .is_some_and(|m| m.request_policy.is_some())
+    })
+}
+
 fn device_names(spec: &r::ResourceSliceSpec) -> Vec<String> {
     let mut v: Vec<String> = spec
         .devices
@@ -192,12 +204,27 @@ pub async fn keep_published(
     let want = device_names(&build(&node, &driver, &gpus).spec);
     let mut published = false;
     let mut retry = RETRY;
+    let mut said_dropped = false;
     loop {
         let result = if published {
             match api.get_opt(&name).await {
                 // Its devices by name: the API server canonicalises quantities
                 // ("17179869184" reads back as "16Gi") and defaults fields.
-                Ok(Some(s)) if device_names(&s.spec) == want => Ok(false),
+                Ok(Some(s)) if device_names(&s.spec) == want => {
+                    if !said_dropped && !shareable(&s.spec) {
+                        said_dropped = true;
+                        tracing::error!(
+                            slice = %name,
+                            "the API server stored the node's ResourceSlice without \
+                             allowMultipleAllocations or the capacities' requestPolicy: its \
+                             DRAConsumableCapacity feature gate is off (Kubernetes 1.34/1.35 \
+                             default), so a GPU goes whole to one claim and claims' memory and \
+                             compute requests are not honoured. Turn the gate on (API server, \
+                             scheduler, kubelet) or install with --set mode=devicePlugin"
+                        );
+                    }
+                    Ok(false)
+                }
                 Ok(found) => {
                     tracing::warn!(
                         slice = %name,

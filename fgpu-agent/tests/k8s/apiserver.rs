@@ -19,6 +19,10 @@ struct Shared {
     refused: Vec<(String, String)>,
     /// The next this many PATCHes fail with a 500 (an API server that is not ready yet).
     fail_patches: usize,
+    /// Drop the consumable-capacity fields of ResourceSlices on write, as an API server with
+    /// the DRAConsumableCapacity feature gate off does (pkg/registry/resource/resourceslice
+    /// strategy.go, `dropDisabledFields`).
+    drop_consumable_capacity: bool,
 }
 
 pub struct ApiServer {
@@ -75,6 +79,11 @@ impl ApiServer {
         self.shared.lock().unwrap().objects.get(path).cloned()
     }
 
+    /// Stores ResourceSlices without their consumable-capacity fields from now on.
+    pub fn without_consumable_capacity(&self) {
+        self.shared.lock().unwrap().drop_consumable_capacity = true;
+    }
+
     /// Fails the next `n` PATCHes with a 500.
     pub fn fail_patches(&self, n: usize) {
         self.shared.lock().unwrap().fail_patches = n;
@@ -102,8 +111,29 @@ fn apply(s: &mut Shared, target: &str, path: &str, body: &str) -> (u16, String) 
         }
     }
     s.patches.push((target.to_string(), body.to_string()));
-    s.objects.insert(path.to_string(), body.to_string());
-    (200, body.to_string())
+    let mut stored = body.to_string();
+    if s.drop_consumable_capacity
+        && path.starts_with("/apis/resource.k8s.io/v1/resourceslices/")
+        && let Ok(mut v) = serde_json::from_str::<serde_json::Value>(body)
+    {
+        for d in v["spec"]["devices"].as_array_mut().into_iter().flatten() {
+            if let Some(d) = d.as_object_mut() {
+                d.remove("allowMultipleAllocations");
+            }
+            for c in d["capacity"]
+                .as_object_mut()
+                .into_iter()
+                .flat_map(|c| c.values_mut())
+            {
+                if let Some(c) = c.as_object_mut() {
+                    c.remove("requestPolicy");
+                }
+            }
+        }
+        stored = v.to_string();
+    }
+    s.objects.insert(path.to_string(), stored.clone());
+    (200, stored)
 }
 
 fn serve(stream: std::net::TcpStream, shared: &Mutex<Shared>) {
