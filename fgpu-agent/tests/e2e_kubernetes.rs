@@ -371,15 +371,7 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
             .spawn()
             .unwrap();
         let _child = KillOnDrop(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while registry.regs.lock().unwrap().len() < 2 {
-            assert!(
-                Instant::now() < deadline,
-                "no registrations: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        registered(&registry, &log, "no registrations").await;
         let regs = registry.regs.lock().unwrap().clone();
         let mut names: Vec<&str> = regs.iter().map(|r| r.resource_name.as_str()).collect();
         names.sort();
@@ -471,15 +463,12 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
         // and takes registrations on a new kubelet.sock, dialling each plugin's endpoint.
         // fgpu serves on new sockets and registers both resources again.
         kubelet::restart_device_manager(&dir, &registry);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while registry.regs.lock().unwrap().len() < 2 {
-            assert!(
-                Instant::now() < deadline,
-                "not registered again after a kubelet restart: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        registered(
+            &registry,
+            &log,
+            "not registered again after a kubelet restart",
+        )
+        .await;
         let mem = registry
             .regs
             .lock()
@@ -496,6 +485,19 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
         assert_eq!(again.devices.len(), 32, "the same units after the restart");
     });
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Waits (20 s at most) until both resources registered with `registry`.
+async fn registered(registry: &kubelet::DeviceRegistry, log: &Path, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while registry.regs.lock().unwrap().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 struct KillOnDrop(Child);

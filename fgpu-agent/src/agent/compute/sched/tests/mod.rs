@@ -397,3 +397,32 @@ fn tenants_that_leave_the_device_idle_run_open_when_both_gain() {
     let stats = s.sched.probe_of(model::DEVICE).unwrap().1;
     assert_eq!((stats.trials, stats.opened), (0, 0), "{stats:?}");
 }
+
+/// A tenant that co-ran while it warmed up (light, duty < 0.3) and then started real work
+/// that keeps the device ~65% busy goes back to turns at once: its share, not 1.5 × it
+/// (the H200 joiner that kept co-running at 65.5% beside an incumbent at 50 for 3 s).
+#[test]
+fn a_co_runner_that_starts_real_work_goes_back_to_turns() {
+    let mut s = Sim::new();
+    let a = s.tenant(50, 0, Normal, vec![Proc::new(SAT)]);
+    let warm = Work::Steps {
+        kernel: 100_000,
+        host: 900_000,
+        sync: true,
+    };
+    let train = Work::Steps {
+        kernel: 650_000,
+        host: 350_000,
+        sync: true,
+    };
+    let b = s.tenant(50, 0, Normal, vec![Proc::new(warm).then(4000, train)]);
+    s.run_until(10_000);
+    let wb = s.windows(b, 5000, 10_000, 1000);
+    let wa = s.windows(a, 5000, 10_000, 1000);
+    assert!(
+        all_within(&wb, 0.0, 55.0) && all_within(&wa, 45.0, 100.0),
+        "from 1 s after it started training, per second: it {} / the incumbent {}",
+        show(&wb),
+        show(&wa)
+    );
+}
