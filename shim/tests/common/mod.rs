@@ -310,8 +310,11 @@ pub fn assert_ungated_is_free(what: &str, [bare, ungated, gated]: [f64; 3]) {
          ({:+.1}%), {gated:.0} gated",
         100.0 * (ungated - bare) / bare
     );
+    // The shim is built optimised (as users run it): its gated path costs ~1.3 µs more than
+    // a 2.8 µs bare launch of the simulator's `empty` kernel on a 2-core CI machine (it
+    // cost 1.5 × bare and more in the debug build).
     assert!(
-        gated > bare * 1.5,
+        gated > bare * 1.25 && gated - bare >= 500.0,
         "{what}: the gated path ({gated:.0} ns) should cost clearly more than bare \
          ({bare:.0} ns); is the cap applied?"
     );
