@@ -195,6 +195,7 @@ fn privileged_fgpu_run_compute_cap_with_and_without_an_agent() {
     let sock = agent.socket.to_str().unwrap().to_string();
     let admin = agent.admin.to_str().unwrap().to_string();
     let name = unique("e2e-run-cap");
+    let cpu = fgpu_testkit::shares::CpuMeter::start();
     let out = fgpu_run(&admin, &sock, &state, &name, &["--compute-cap", "30", "--"])
         .arg(&load)
         .args(work)
@@ -205,10 +206,16 @@ fn privileged_fgpu_run_compute_cap_with_and_without_an_agent() {
     assert!(out.status.success(), "{stdout}{stderr}");
     assert!(!stderr.contains("falling back"), "{stderr}");
     let share = launch_for_share(&stdout);
-    println!("fgpu run --compute-cap 30 with the agent: {share:.1}%");
+    // The floor, not the cap, gives way to a host that steals CPU from the launch loop
+    // (as `fgpu_testkit::shares` lowers its busy floor): a cap is never exceeded.
+    let stolen = cpu.stolen_pct();
+    let floor = 25.0 - stolen / 2.0;
+    println!(
+        "fgpu run --compute-cap 30 with the agent: {share:.1}% (host stole {stolen:.1}% of the CPU)"
+    );
     assert!(
-        (25.0..=33.0).contains(&share),
-        "{share:.1}%: {stdout}{stderr}"
+        (floor..=33.0).contains(&share),
+        "{share:.1}% (want {floor:.1}-33): {stdout}{stderr}"
     );
 
     // Without: a share becomes a ceiling in the shim, said so.
