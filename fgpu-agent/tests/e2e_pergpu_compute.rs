@@ -82,7 +82,7 @@ fn privileged_per_gpu_compute_shares_gate_their_gpu_only() {
     );
     // Ungated, its rate is its launch loop's: a host that steals CPU slows it (the floor
     // gives way by half the steal, as the busy floor does); a gate would hold it near 30.
-    let floor = 95.0 - cpu.stolen_pct() / 2.0;
+    let floor = fgpu_testkit::shares::lowered(95.0, cpu.stolen_pct());
     assert!(
         sa0 >= floor,
         "a on GPU 0 is not gated: {sa0:.1} (want >= {floor:.1})\n{ctx}"

@@ -209,7 +209,7 @@ fn privileged_fgpu_run_compute_cap_with_and_without_an_agent() {
     // The floor, not the cap, gives way to a host that steals CPU from the launch loop
     // (as `fgpu_testkit::shares` lowers its busy floor): a cap is never exceeded.
     let stolen = cpu.stolen_pct();
-    let floor = 25.0 - stolen / 2.0;
+    let floor = fgpu_testkit::shares::lowered(25.0, stolen);
     println!(
         "fgpu run --compute-cap 30 with the agent: {share:.1}% (host stole {stolen:.1}% of the CPU)"
     );

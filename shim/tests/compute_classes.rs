@@ -140,7 +140,7 @@ fn privileged_a_cpu_bound_launcher_gets_its_share_of_work() {
          {stolen:.1}% / {stolen_after:.1}% of the CPU before / during / after]"
     );
     let ctx = format!("agent log:\n{}", agent.log_text());
-    let floor = 20.0 - stolen / 2.0;
+    let floor = fgpu_testkit::shares::lowered(20.0, stolen);
     assert!(
         (floor..=30.0).contains(&c),
         "CPU-bound launcher at 25: {c:.1}% (want {floor:.1}-30: 25 ± 5, the floor less half \

@@ -31,7 +31,14 @@ pub const MIN_BUSY_PCT: f64 = 90.0;
 /// steal covers that with a margin, and a controller that wastes a tenth of the device
 /// still fails on any machine that steals less than a fifth of its CPU.
 pub fn busy_floor(stolen_pct: f64) -> f64 {
-    MIN_BUSY_PCT - stolen_pct.max(0.0) / 2.0
+    lowered(MIN_BUSY_PCT, stolen_pct)
+}
+
+/// A floor on a rate that is the CPU a launch loop gets (a tenant's share of work, an
+/// ungated loop), less half the CPU the host stole meanwhile ([`CpuMeter`]): the rule of
+/// [`busy_floor`] for any floor. Ceilings (caps) never give way.
+pub fn lowered(floor: f64, stolen_pct: f64) -> f64 {
+    floor - stolen_pct.max(0.0) / 2.0
 }
 
 /// The share of this machine's CPU time its host stole (`steal` in /proc/stat) since

@@ -239,7 +239,13 @@ impl Driver {
             (Some(_), None) => {
                 st.applied.remove(pod);
                 let now = std::time::Instant::now();
-                let (since, said) = st.missing.entry(pod.to_string()).or_insert((now, false));
+                let (since, said) = st.missing.entry(pod.to_string()).or_insert_with(|| {
+                    tracing::info!(
+                        pod,
+                        "the pod's cgroup does not exist yet: limited when it appears"
+                    );
+                    (now, false)
+                });
                 if !*said && now.duration_since(*since) >= MISSING_WARN {
                     *said = true;
                     tracing::warn!(
@@ -252,15 +258,11 @@ impl Driver {
                          kubeletCgroupRoot)",
                         MISSING_WARN.as_secs()
                     );
-                } else if since == &now {
-                    tracing::info!(
-                        pod,
-                        "the pod's cgroup does not exist yet: limited when it appears"
-                    );
                 }
             }
             (None, Some(cg)) => {
                 st.applied.remove(pod);
+                st.missing.remove(pod);
                 let req = TargetRequest { target: cg.clone() };
                 if let Err(err) = self.ask(Kind::LimitRemove, serde_json::to_vec(&req)?) {
                     tracing::debug!(pod, "removing the limit on {cg}: {err:#}");

@@ -223,7 +223,7 @@ pub async fn keep_published(
                              scheduler, kubelet) or install with --set mode=devicePlugin"
                         );
                     }
-                    Ok(false)
+                    Ok(())
                 }
                 Ok(found) => {
                     tracing::warn!(
@@ -231,17 +231,17 @@ pub async fn keep_published(
                         "the node's ResourceSlice is {}: publishing it again",
                         if found.is_some() { "not what this node offers" } else { "gone (a kubelet restart?)" }
                     );
-                    publish(&client, &node, &driver, &gpus).await.map(|()| true)
+                    publish(&client, &node, &driver, &gpus).await
                 }
                 Err(err) => {
                     Err(anyhow::Error::from(err).context(format!("reading ResourceSlice {name}")))
                 }
             }
         } else {
-            publish(&client, &node, &driver, &gpus).await.map(|()| true)
+            publish(&client, &node, &driver, &gpus).await
         };
         let wait = match result {
-            Ok(_) => {
+            Ok(()) => {
                 published = true;
                 retry = RETRY;
                 recheck
