@@ -318,8 +318,12 @@ fn an_unlimited_process_pays_no_gate() {
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
     let w = World::new("nogate");
     // `sleep_0us` kernels take no device time: the loop measures the host path only.
-    assert_ungated_is_free("bench-launch sleep_0us", bench(&w, "sleep_0us", 200_000, 7));
-    assert_ungated_is_free("bench-launch empty (2 us)", bench(&w, "empty", 100_000, 3));
+    assert_ungated_is_free("bench-launch sleep_0us", || {
+        bench(&w, "sleep_0us", 200_000, 7)
+    });
+    assert_ungated_is_free("bench-launch empty (2 us)", || {
+        bench(&w, "empty", 100_000, 3)
+    });
     // No events: the spy driver counts every cuEventCreate/cuEventRecord the shim makes.
     spy::install(&w);
     let o = w.load(&[], &["launch", "2000", "sleep_10us", "sync"]);

@@ -287,7 +287,7 @@ fn bench(hw: &HipWorld, n: u32, rounds: usize) -> [f64; 3] {
 fn an_ungated_hip_process_pays_no_gate() {
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
     let hw = HipWorld::new("hipnogate");
-    assert_ungated_is_free("HIP bench-launch sleep_0us", bench(&hw, 200_000, 7));
+    assert_ungated_is_free("HIP bench-launch sleep_0us", || bench(&hw, 200_000, 7));
     for env in [
         &[][..],
         &[("FGPU_COMPUTE_SHARE", "100"), ("FGPU_LOG", "info")],

@@ -302,9 +302,24 @@ pub fn best_ns_per_launch(rounds: usize, cmd: impl Fn(Launcher) -> Command) -> [
 
 /// The ungated launch path is an interposed symbol, one atomic load and a jump: it must cost
 /// next to nothing beside the bare driver and far less than the gated path (events, stream
-/// queries, the turn protocol). Both bounds leave room for a shared 2-core CI machine, where
-/// best-of-N timings still move by ~10%; a launch that entered the gate fails both.
-pub fn assert_ungated_is_free(what: &str, [bare, ungated, gated]: [f64; 3]) {
+/// queries, the turn protocol). `measure` takes one interleaved best-of-N sample
+/// ([`best_ns_per_launch`]). A launch that entered the gate costs more in every sample; a
+/// shared 2-core CI machine moves a sample now and then (a CI run saw bare 1278 ns, ungated
+/// 2018 ns, where every local run is within ±11%), so a sample that fails is taken again,
+/// up to three, and the check fails only if all three do.
+pub fn assert_ungated_is_free(what: &str, measure: impl Fn() -> [f64; 3]) {
+    let mut failures = Vec::new();
+    for _ in 0..3 {
+        let sample = measure();
+        match ungated_sample(what, sample) {
+            Ok(()) => return,
+            Err(e) => failures.push(e),
+        }
+    }
+    panic!("{}", failures.join("\n"));
+}
+
+fn ungated_sample(what: &str, [bare, ungated, gated]: [f64; 3]) -> Result<(), String> {
     println!(
         "{what}: {bare:.0} ns/launch without the shim, {ungated:.0} with it and no cap \
          ({:+.1}%), {gated:.0} gated",
@@ -313,16 +328,19 @@ pub fn assert_ungated_is_free(what: &str, [bare, ungated, gated]: [f64; 3]) {
     // The shim is built optimised (as users run it): its gated path costs ~1.3 µs more than
     // a 2.8 µs bare launch of the simulator's `empty` kernel on a 2-core CI machine (it
     // cost 1.5 × bare and more in the debug build).
-    assert!(
-        gated > bare * 1.25 && gated - bare >= 500.0,
-        "{what}: the gated path ({gated:.0} ns) should cost clearly more than bare \
-         ({bare:.0} ns); is the cap applied?"
-    );
-    assert!(
-        ungated <= bare * 1.25 && ungated - bare <= 0.2 * (gated - bare),
-        "{what}: launch overhead without a cap: {bare:.0} -> {ungated:.0} ns \
-         (gated {gated:.0} ns)"
-    );
+    if !(gated > bare * 1.25 && gated - bare >= 500.0) {
+        return Err(format!(
+            "{what}: the gated path ({gated:.0} ns) should cost clearly more than bare \
+             ({bare:.0} ns); is the cap applied?"
+        ));
+    }
+    if !(ungated <= bare * 1.25 && ungated - bare <= 0.2 * (gated - bare)) {
+        return Err(format!(
+            "{what}: launch overhead without a cap: {bare:.0} -> {ungated:.0} ns \
+             (gated {gated:.0} ns)"
+        ));
+    }
+    Ok(())
 }
 
 /// Runs `c` to completion; panics if it takes longer than `secs`.
