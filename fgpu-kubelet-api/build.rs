@@ -4,6 +4,7 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/dra_v1.proto",
+        "proto/dra_v1beta1.proto",
         "proto/pluginregistration_v1.proto",
         "proto/deviceplugin_v1beta1.proto",
     ];

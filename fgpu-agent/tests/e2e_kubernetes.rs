@@ -76,7 +76,11 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     assert_eq!(info.r#type, "DRAPlugin");
     assert_eq!(info.name, "fgpu.io");
     assert_eq!(Path::new(&info.endpoint), plugin.dra_sock);
-    assert_eq!(info.supported_versions, ["v1.DRAPlugin"]);
+    // v1 first (1.34+ kubelets), v1beta1 for 1.32 and 1.33 kubelets.
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
 
     // The node's ResourceSlice was applied: one shareable GPU with memory and compute.
     let patches = api.patches();
@@ -299,6 +303,9 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     let plugin = Plugin::start(&dirs, &agent, &api, &format!("/{base}"));
     let again = rt.block_on(kubelet::prepare(&plugin.dra_sock, claims.clone()));
     assert_eq!(again, resp, "{}", plugin.log_text());
+    // A 1.33 kubelet's call (the v1beta1 service) gets the same answer.
+    let beta = rt.block_on(kubelet::prepare_v1beta1(&plugin.dra_sock, claims.clone()));
+    assert_eq!(beta, resp, "over v1beta1\n{}", plugin.log_text());
     assert_eq!(
         limit_of(&agent, &a_cg),
         Some((Some(8 * GIB), Some(30))),
@@ -322,11 +329,16 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     );
 
     drop((la1, la2, lb1));
-    // Unprepare removes the limits and the CDI specs; again, it is a no-op.
-    for _ in 0..2 {
-        let un = rt.block_on(kubelet::unprepare(&plugin.dra_sock, claims.clone()));
+    // Unprepare removes the limits and the CDI specs; again (over v1beta1), it is a no-op.
+    for beta in [false, true] {
+        let errors: std::collections::HashMap<String, String> = if beta {
+            rt.block_on(kubelet::unprepare_v1beta1(&plugin.dra_sock, claims.clone()))
+        } else {
+            let un = rt.block_on(kubelet::unprepare(&plugin.dra_sock, claims.clone()));
+            un.claims.into_iter().map(|(k, v)| (k, v.error)).collect()
+        };
         for uid in [CLAIM_A, CLAIM_B] {
-            assert_eq!(un.claims[uid].error, "", "{}", plugin.log_text());
+            assert_eq!(errors[uid], "", "{}", plugin.log_text());
             assert!(
                 !dirs
                     .cdi()
@@ -509,7 +521,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// The applied ResourceSlice passes `kubernetes-validate --strict` against 1.34 and 1.37,
+/// The applied ResourceSlice passes `kubernetes-validate --strict` against 1.34, 1.35, 1.36 and 1.37,
 /// where the tool is installed (deploy/helm/fetch-tools.sh; fgpu-agent/tests/helm_chart.rs
 /// requires it in CI).
 fn validate_slice(body: &str) {
@@ -528,7 +540,7 @@ fn validate_slice(body: &str) {
         .join(unique("fgpu-slice"))
         .with_extension("json");
     std::fs::write(&file, body).unwrap();
-    for v in ["1.34.0", "1.37.0"] {
+    for v in ["1.34.0", "1.35.0", "1.36.0", "1.37.0"] {
         let out = Command::new(&tool)
             .args(["--strict", "-k", v])
             .arg(&file)

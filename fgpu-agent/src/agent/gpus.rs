@@ -81,6 +81,24 @@ impl Gpus {
         mean_per_process(&samples)
     }
 
+    /// NVML's device utilisation (percent of the last sample period in which a kernel ran),
+    /// per device as (uuid key of the ledgers, percent); empty without NVML, devices whose
+    /// figure NVML cannot give left out. The compute controller's idle gate
+    /// (`compute::sched::probe`).
+    pub fn device_busy_pct(&self) -> Vec<(u64, u32)> {
+        let Some(nvml) = &self.nvml else {
+            return Vec::new();
+        };
+        self.devices
+            .iter()
+            .filter_map(|g| {
+                let key = fgpu_common::ledger::uuid_key(&super::ledgers::uuid_bytes(&g.uuid)?);
+                let d = nvml.device_by_index(g.index).ok()?;
+                Some((key, d.utilization_rates().ok()?.gpu))
+            })
+            .collect()
+    }
+
     /// NVML's per-process device memory: (NVML index, host PID, bytes), for every device
     /// (see [`super::devmap`]). Empty without NVML; processes whose figure NVML cannot give
     /// are left out.

@@ -251,7 +251,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         let state = Arc::clone(&state);
         std::thread::Builder::new()
             .name("fgpu-compute".into())
-            .spawn(move || compute::run(&state.ledgers, &state.compute))
+            .spawn(move || compute::run(&state.ledgers, &state.compute, &state.gpus))
             .context("starting the compute controller")?;
     }
 

@@ -13,6 +13,7 @@ mod quantity;
 mod server;
 mod slice;
 pub mod target;
+mod v1beta1;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -236,6 +237,11 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
             fgpu_kubelet_api::dra::v1::dra_plugin_server::DraPluginServer::new(server::DraService(
                 driver.clone(),
             )),
+        )
+        .add_service(
+            fgpu_kubelet_api::dra::v1beta1::dra_plugin_server::DraPluginServer::new(
+                server::DraService(driver.clone()),
+            ),
         )
         .serve_with_incoming(dra_incoming);
     let reg = tonic::transport::Server::builder()

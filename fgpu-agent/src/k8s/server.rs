@@ -1,5 +1,6 @@
-//! The gRPC side: the DRAPlugin service (dra.sock) and the Registration service the
-//! kubelet's plugin watcher calls (<driver>-reg.sock), on Unix sockets.
+//! The gRPC side: the DRAPlugin service (dra.sock; v1 here, v1beta1 in `super::v1beta1`)
+//! and the Registration service the kubelet's plugin watcher calls (<driver>-reg.sock), on
+//! Unix sockets.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -78,7 +79,11 @@ impl reg::registration_server::Registration for RegistrationService {
             r#type: fgpu_kubelet_api::DRA_PLUGIN_TYPE.into(),
             name: self.driver.clone(),
             endpoint: self.endpoint.clone(),
-            supported_versions: vec![fgpu_kubelet_api::DRA_V1_VERSION.into()],
+            // The newest first; the v1beta1 service is crate::k8s::v1beta1.
+            supported_versions: vec![
+                fgpu_kubelet_api::DRA_V1_VERSION.into(),
+                fgpu_kubelet_api::DRA_V1BETA1_VERSION.into(),
+            ],
         }))
     }
 

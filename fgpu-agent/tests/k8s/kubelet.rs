@@ -67,6 +67,71 @@ pub async fn unprepare(
         .into_inner()
 }
 
+/// NodePrepareResources as a 1.32 or 1.33 kubelet calls it (the v1beta1 service, whose
+/// messages are v1's), answered in v1's types for comparison.
+pub async fn prepare_v1beta1(
+    dra_sock: &Path,
+    claims: Vec<dra::Claim>,
+) -> dra::NodePrepareResourcesResponse {
+    use fgpu_kubelet_api::dra::v1beta1 as b1;
+    let mut c = b1::dra_plugin_client::DraPluginClient::new(channel(dra_sock).await);
+    let claims = claims
+        .into_iter()
+        .map(|c| b1::Claim {
+            namespace: c.namespace,
+            uid: c.uid,
+            name: c.name,
+        })
+        .collect();
+    let r = c
+        .node_prepare_resources(b1::NodePrepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner();
+    let claims = r
+        .claims
+        .into_iter()
+        .map(|(uid, r)| {
+            let devices = r
+                .devices
+                .into_iter()
+                .map(|d| dra::Device {
+                    request_names: d.request_names,
+                    pool_name: d.pool_name,
+                    device_name: d.device_name,
+                    cdi_device_ids: d.cdi_device_ids,
+                })
+                .collect();
+            let error = r.error;
+            (uid, dra::NodePrepareResourceResponse { devices, error })
+        })
+        .collect();
+    dra::NodePrepareResourcesResponse { claims }
+}
+
+/// NodeUnprepareResources over v1beta1: each claim's error.
+pub async fn unprepare_v1beta1(
+    dra_sock: &Path,
+    claims: Vec<dra::Claim>,
+) -> std::collections::HashMap<String, String> {
+    use fgpu_kubelet_api::dra::v1beta1 as b1;
+    let mut c = b1::dra_plugin_client::DraPluginClient::new(channel(dra_sock).await);
+    let claims = claims
+        .into_iter()
+        .map(|c| b1::Claim {
+            namespace: c.namespace,
+            uid: c.uid,
+            name: c.name,
+        })
+        .collect();
+    let r = c
+        .node_unprepare_resources(b1::NodeUnprepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner();
+    r.claims.into_iter().map(|(k, v)| (k, v.error)).collect()
+}
+
 /// The kubelet's device-plugin Registration service, recording what plugins register. As
 /// the kubelet does (pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go, `Register` →
 /// `connectClient`), a registration whose endpoint socket cannot be dialled in the

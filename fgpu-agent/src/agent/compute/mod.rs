@@ -25,11 +25,14 @@ use fgpu_common::ledger::{DeviceTurn, MAX_DEVICES};
 use self::sched::{
     ACHIEVED_OVER, FRESH_BEATS, Mode, Observation, Scheduler, TenantId, Tuning, gated,
 };
+use super::gpus::Gpus;
 use super::ledgers::{CgroupLedger, Ledgers};
 
 pub use self::sched::TICK;
 /// The tick while no device is gated (an idle node costs 20 wake-ups a second).
 pub const IDLE_TICK: Duration = Duration::from_millis(50);
+/// How often NVML's device utilisation is read while a device is gated (tens of µs a call).
+const BUSY_EVERY_NS: u64 = 100_000_000;
 
 /// A cgroup's compute figures for `fgpu status`.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -95,6 +98,10 @@ pub struct Controller {
     ledgers: HashMap<TenantId, Arc<CgroupLedger>>,
     last_publish: u64,
     last_log: u64,
+    /// Per device key: NVML's utilisation integrated over time, ns busy, and when it was
+    /// last read.
+    busy: HashMap<u64, u64>,
+    last_busy: Option<u64>,
 }
 
 impl Default for Controller {
@@ -115,6 +122,21 @@ impl Controller {
             ledgers: HashMap::new(),
             last_publish: 0,
             last_log: 0,
+            busy: HashMap::new(),
+            last_busy: None,
+        }
+    }
+
+    /// Integrates the driver's device utilisation `readings` (uuid key, percent of the last
+    /// sample period) read at `now` over the time since the last reading, and hands each
+    /// device's total to the scheduler.
+    fn device_busy(&mut self, now: u64, readings: &[(u64, u32)]) {
+        let dt = self.last_busy.map_or(0, |t| now.saturating_sub(t));
+        self.last_busy = Some(now);
+        for &(key, pct) in readings {
+            let b = self.busy.entry(key).or_default();
+            *b += dt * u64::from(pct.min(100)) / 100;
+            self.sched.device_busy(key, *b);
         }
     }
 
@@ -264,11 +286,22 @@ impl Controller {
 }
 
 /// Runs the controller until the process exits (its own thread: a tick every [`TICK`] while
-/// some device is gated, every [`IDLE_TICK`] otherwise).
-pub fn run(ledgers: &Ledgers, status: &ComputeStatus) {
+/// some device is gated, every [`IDLE_TICK`] otherwise; NVML's device utilisation read every
+/// [`BUSY_EVERY_NS`] meanwhile).
+pub fn run(ledgers: &Ledgers, status: &ComputeStatus, gpus: &Gpus) {
     let mut c = Controller::new();
     loop {
         let all = ledgers.all();
+        let now = mono_ns();
+        if !c.busy() {
+            c.last_busy = None;
+        } else if c
+            .last_busy
+            .is_none_or(|t| now.saturating_sub(t) >= BUSY_EVERY_NS)
+        {
+            let readings = gpus.device_busy_pct();
+            c.device_busy(now, &readings);
+        }
         c.tick(&all, status);
         std::thread::sleep(if c.busy() { TICK } else { IDLE_TICK });
     }

@@ -222,6 +222,8 @@ pub struct Scheduler {
     last_tick: Option<u64>,
     last_sample: u64,
     tuning: Tuning,
+    /// Per device key: the time the driver saw it busy so far, ns ([`Scheduler::device_busy`]).
+    busy: HashMap<u64, u64>,
 }
 
 impl Scheduler {
@@ -230,6 +232,14 @@ impl Scheduler {
             tuning,
             ..Scheduler::default()
         }
+    }
+
+    /// The driver's reading of a device's use (NVML's utilisation integrated over time by
+    /// the caller: ns busy so far, only grows), for the open probe's idle gate
+    /// ([`probe::IDLE_GATE`]); a device never given one is judged by its tenants' measured
+    /// GPU time.
+    pub fn device_busy(&mut self, device: u64, busy_ns: u64) {
+        self.busy.insert(device, busy_ns);
     }
 
     /// One tick at `now` (ns of a monotonic clock) over this tick's observations.
@@ -329,7 +339,8 @@ impl Scheduler {
                 );
             }
         }
-        if tuning.open && run_open(tenants, &ids, dev, now) {
+        let busy = self.busy.get(&device).copied();
+        if tuning.open && run_open(tenants, &ids, dev, now, busy) {
             // Open: everybody launches whenever it has work; the driver time-slices.
             if let Some(h) = dev.holder.take() {
                 let t = tenants.get_mut(&h).expect("holder");
@@ -559,6 +570,7 @@ fn run_open(
     ids: &[TenantId],
     dev: &mut DeviceState,
     now: u64,
+    busy_ns: Option<u64>,
 ) -> bool {
     let members: Vec<probe::Member> = ids
         .iter()
@@ -576,7 +588,7 @@ fn run_open(
             }
         })
         .collect();
-    let open = dev.probe.step(now, &members);
+    let open = dev.probe.step(now, &members, busy_ns);
     if dev.probe.take_closed() {
         tracing::debug!(stats = ?dev.probe.stats, "compute: device back to turns");
         for k in ids {

@@ -6,8 +6,8 @@
 //! may serve everybody better *open*: every tenant launching whenever it has work, the
 //! driver time-slicing their contexts (what they get without fgpu). The probe finds out by
 //! measuring, not by guessing: on a device whose tenants have been the same for a while and
-//! whose turns left it partly idle (their measured GPU time added up to less than the wall
-//! time), it counts each tenant's
+//! whose turns left it partly idle (the driver's device utilisation, NVML's, under the wall
+//! time; where the driver gives none, their measured GPU time), it counts each tenant's
 //! launches (its progress: a step loop launches the same kernels every step) over a window
 //! of turns, a window open and a window of turns again (A-B-A: a host that takes CPU from a
 //! launcher for a second moves one window, not the comparison), and keeps the device open
@@ -33,8 +33,13 @@ pub const BACKOFF_NS: u64 = 10_000_000_000;
 pub const MAX_BACKOFF_NS: u64 = 160_000_000_000;
 /// Open this long, the device goes back to turns for a window to measure them afresh.
 pub const OPEN_FOR_NS: u64 = 20_000_000_000;
-/// A trial only when the tenants' measured GPU time over the window of turns left at least
-/// this fraction of it idle (GPU-bound tenants never do: their devices are never opened).
+/// A trial only when the window of turns left at least this fraction of the device idle
+/// (GPU-bound tenants never do: their devices are never opened). Idle is what the driver
+/// says (NVML's device utilisation, integrated by the caller: [`Probe::step`]'s `busy_ns`)
+/// where it says anything: the tenants' measured GPU time over-states a CPU-bound launcher's
+/// use, because its batches' events span the host's gaps between its launches (on the H200 a
+/// decoder and a ResNet step measured 96% together while NVML saw the device 64% busy, and a
+/// 2-process container's measured time exceeded the wall time).
 pub const IDLE_GATE: f64 = 0.1;
 /// Open is kept when every tenant's rate open is at least this fraction of its rate in
 /// turns...
@@ -61,11 +66,12 @@ pub struct Member {
 enum Phase {
     /// Turns, as usual.
     Turns,
-    /// Turns, measured: launches and measured GPU time at its start.
+    /// Turns, measured: launches, measured GPU time and the driver's busy time at its start.
     Baseline {
         since: u64,
         counts: Vec<u64>,
         gpu: u64,
+        busy: Option<u64>,
     },
     /// Open, measured against the baseline's rates.
     Trial {
@@ -140,8 +146,9 @@ fn rates(now: u64, since: u64, from: &[u64], members: &[Member]) -> Vec<f64> {
 
 impl Probe {
     /// Whether the device runs open at this tick. `members`: the device's tenants using it
-    /// (sorted by id).
-    pub fn step(&mut self, now: u64, members: &[Member]) -> bool {
+    /// (sorted by id); `busy_ns`: the time the driver saw the device busy so far (NVML's
+    /// utilisation integrated over time; only grows), if it reports one.
+    pub fn step(&mut self, now: u64, members: &[Member], busy_ns: Option<u64>) -> bool {
         let ids: Vec<TenantId> = members.iter().map(|m| m.id).collect();
         let eligible = members.len() >= 2 && members.iter().all(|m| m.may_open);
         if ids != self.members || !eligible {
@@ -158,6 +165,7 @@ impl Probe {
             since: now,
             counts: counts(),
             gpu: gpu(),
+            busy: busy_ns,
         };
         match &mut self.phase {
             Phase::Turns => {
@@ -170,16 +178,23 @@ impl Probe {
                 since,
                 counts: from,
                 gpu: gpu_from,
+                busy: busy_from,
             } => {
                 if now.saturating_sub(*since) < WINDOW_NS {
                     return false;
                 }
                 let wall = now.saturating_sub(*since).max(1) as f64;
-                let idle_frac = 1.0 - gpu().saturating_sub(*gpu_from) as f64 / wall;
+                let measured = 1.0 - gpu().saturating_sub(*gpu_from) as f64 / wall;
+                let driver = busy_ns
+                    .zip(*busy_from)
+                    .map(|(b, f)| 1.0 - b.saturating_sub(f) as f64 / wall);
+                let idle_frac = driver.unwrap_or(measured);
                 let turns = rates(now, *since, from, members);
                 if idle_frac < IDLE_GATE || turns.iter().any(|r| *r <= 0.0) {
                     tracing::debug!(
                         idle = format!("{idle_frac:.2}"),
+                        idle_measured = format!("{measured:.2}"),
+                        idle_driver = ?driver.map(|d| format!("{d:.2}")),
                         ?turns,
                         "compute: no open trial (busy holders, or no progress)"
                     );
@@ -331,18 +346,37 @@ mod tests {
         }
     }
 
+    /// What the probe is told about the device's use at each 1 ms tick.
+    #[derive(Clone, Copy)]
+    struct Use {
+        /// Each tenant's measured GPU time per ms, ns.
+        measured: u64,
+        /// The driver's busy time per ms, ns (None: no NVML).
+        driver: Option<u64>,
+    }
+    /// Each tenant measures 0.3 of the wall time (the device 40% idle by their account).
+    const IDLE: Use = Use {
+        measured: 300_000,
+        driver: None,
+    };
+    /// Each measures 0.5: busy.
+    const BUSY: Use = Use {
+        measured: 500_000,
+        driver: None,
+    };
+
     /// Drives a probe at 1 ms ticks over `secs` with launch rates `rate(i, open, t)` per
-    /// tenant (launches per second); each measures 0.3 of the wall time as its GPU time
-    /// (`idle`: the device 40% idle) or 0.5 (busy).
+    /// tenant (launches per second) and the device's use `u`.
     fn drive(
         p: &mut Probe,
         from: u64,
         secs: u64,
         rate: impl Fn(usize, bool, u64) -> f64,
-        idle: bool,
+        u: Use,
     ) -> (u64, bool) {
         let mut counts = [0.0f64; 2];
-        let mut gpu = 0u64;
+        let mut gpu = from / 1_000_000 * u.measured;
+        let mut busy = u.driver.map(|d| from / 1_000_000 * d);
         let mut open = false;
         let mut open_ticks = 0;
         let mut t = from;
@@ -350,9 +384,10 @@ mod tests {
             for (i, c) in counts.iter_mut().enumerate() {
                 *c += rate(i, open, t) / 1000.0;
             }
-            gpu += if idle { 300_000 } else { 500_000 };
+            gpu += u.measured;
+            busy = busy.zip(u.driver).map(|(b, d)| b + d);
             let ms = [m(1, counts[0] as u64, gpu), m(2, counts[1] as u64, gpu)];
-            open = p.step(t, &ms);
+            open = p.step(t, &ms, busy);
             open_ticks += u64::from(open);
             t += 1_000_000;
         }
@@ -368,7 +403,7 @@ mod tests {
             0,
             7,
             |i, o, _| if o { [130.0, 110.0][i] } else { 100.0 },
-            true,
+            IDLE,
         );
         assert!(open, "{:?}", p.stats);
         assert_eq!(p.stats.opened, 1);
@@ -378,7 +413,7 @@ mod tests {
             7 * S,
             3,
             |i, o, _| if o { [130.0, 80.0][i] } else { 100.0 },
-            true,
+            IDLE,
         );
         assert!(!open);
         assert_eq!(p.stats.closed_behind, 1);
@@ -402,7 +437,7 @@ mod tests {
                 (1, true) => 150.0,
                 _ => 100.0,
             },
-            true,
+            IDLE,
         );
         assert!(!open);
         assert_eq!((p.stats.trials, p.stats.opened), (1, 0), "{:?}", p.stats);
@@ -422,7 +457,7 @@ mod tests {
             0,
             30,
             |i, o, _| if o { [200.0, 90.0][i] } else { 100.0 },
-            true,
+            IDLE,
         );
         assert!(!open);
         assert_eq!(p.stats.opened, 0);
@@ -434,13 +469,7 @@ mod tests {
         );
         // Busy holders: no trial at all.
         let mut q = Probe::default();
-        let (ticks, _) = drive(
-            &mut q,
-            0,
-            20,
-            |_, o, _| if o { 200.0 } else { 100.0 },
-            false,
-        );
+        let (ticks, _) = drive(&mut q, 0, 20, |_, o, _| if o { 200.0 } else { 100.0 }, BUSY);
         assert_eq!((ticks, q.stats.trials), (0, 0));
     }
 
@@ -455,7 +484,7 @@ mod tests {
             0,
             30,
             |i, o, _| if o { [1e9, 80.0][i] } else { 100.0 },
-            true,
+            IDLE,
         );
         assert!(!open);
         assert_eq!(p.stats.opened, 0, "{:?}", p.stats);
@@ -465,7 +494,8 @@ mod tests {
             let forged = if t % 2 == 0 { u64::MAX } else { 0 };
             assert!(!q.step(
                 t * 1_000_000,
-                &[m(1, forged, t * 300_000), m(2, t, t * 300_000)]
+                &[m(1, forged, t * 300_000), m(2, t, t * 300_000)],
+                None
             ));
         }
     }
@@ -481,7 +511,35 @@ mod tests {
                     ..m(2, t, 0)
                 },
             ];
-            assert!(!p.step(t * 1_000_000, &ms));
+            assert!(!p.step(t * 1_000_000, &ms, Some(t * 100_000)));
         }
+    }
+
+    /// The driver's utilisation decides where it reports one: two CPU-bound launchers whose
+    /// events span their host gaps measure 1.0 of the wall time together while NVML sees the
+    /// device 64% busy (the H200's decoder / ResNet pair) — a trial; and a device NVML sees
+    /// 100% busy is never tried, whatever the tenants measured.
+    #[test]
+    fn the_drivers_utilisation_decides_whether_a_device_is_idle() {
+        let faster_open = |i: usize, o: bool, _| if o { [130.0, 120.0][i] } else { 100.0 };
+        let mut p = Probe::default();
+        let spans = Use {
+            measured: 500_000,
+            driver: Some(640_000),
+        };
+        let (_, open) = drive(&mut p, 0, 7, faster_open, spans);
+        assert!(open, "{:?}", p.stats);
+        assert_eq!((p.stats.trials, p.stats.opened), (1, 1));
+        let mut q = Probe::default();
+        let saturated = Use {
+            measured: 300_000,
+            driver: Some(1_000_000),
+        };
+        let (ticks, _) = drive(&mut q, 0, 20, faster_open, saturated);
+        assert_eq!((ticks, q.stats.trials), (0, 0), "{:?}", q.stats);
+        // Without NVML the measured time decides (busy by the tenants' account: no trial).
+        let mut r = Probe::default();
+        let (ticks, _) = drive(&mut r, 0, 20, faster_open, BUSY);
+        assert_eq!((ticks, r.stats.trials), (0, 0));
     }
 }
