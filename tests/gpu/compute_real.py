@@ -285,8 +285,12 @@ def main():
                 t_b = json.load(open(os.path.join(args.out, "join-time.json")))["t_start_b"]
             except (OSError, ValueError, KeyError):
                 t_b = t0
-            inc = [100 * rate_between(pa, t0 + i, t0 + i + 1) / ra for i in range(9)]
-            new = [100 * rate_between(pb, t0 + i, t0 + i + 1) / rb for i in range(9)]
+            # Only the seconds both ran in full: the joiner alone after the incumbent ended
+            # is not a share (a run with SECS=12 counted 101.8 / 98.1 / ... there).
+            a_end = a["result"].get("t_end", math.inf)
+            both = [i for i in range(9) if t0 + i + 1 <= a_end]
+            inc = [100 * rate_between(pa, t0 + i, t0 + i + 1) / ra for i in both]
+            new = [100 * rate_between(pb, t0 + i, t0 + i + 1) / rb for i in both]
             warm = [100 * rate_between(pa, t_b + i, t_b + i + 1) / ra
                     for i in range(int(max(t0 - t_b, 0)))]
             check("join: attn (incumbent) per second while the cnn process starts and warms up",

@@ -355,7 +355,7 @@ impl Scheduler {
                 out.decisions.push(Decision {
                     id: *k,
                     state: TURN_CORUN,
-                    queue_ns: t.queue_bound(tuning.queue_ns, tuning.queue_scale),
+                    queue_ns: t.queue_bound(tuning.open_queue_ns, tuning.queue_scale),
                 });
             }
             return;

@@ -8,7 +8,8 @@ use super::{LIGHT_DUTY, QUEUE_NS, ROUND_NS};
 /// every override at start): `FGPU_COMPUTE_LIGHT_DUTY` (0-1), `FGPU_COMPUTE_ROUND_MS`
 /// (10-2000), `FGPU_COMPUTE_QUEUE_US` (100-50000), `FGPU_COMPUTE_OVERLAP` (0/1: open the
 /// next turn while the previous holder drains), `FGPU_COMPUTE_QUEUE_SCALE` (0/1: scale the
-/// queue bound by the container's active processes, `Tenant::queue_bound`).
+/// queue bound by the container's active processes, `Tenant::queue_bound`),
+/// `FGPU_COMPUTE_OPEN_QUEUE_US` (100-50000: the queue bound while a device runs open).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tuning {
     pub light_duty: f64,
@@ -18,6 +19,9 @@ pub struct Tuning {
     pub queue_scale: bool,
     /// Whether devices may run open when that serves every tenant better (`probe`).
     pub open: bool,
+    /// Each process's queue bound while its device runs open (before the container's
+    /// scale): how long a latency-bound neighbour's kernel waits behind it.
+    pub open_queue_ns: u64,
 }
 
 impl Default for Tuning {
@@ -29,6 +33,7 @@ impl Default for Tuning {
             overlap: false,
             queue_scale: true,
             open: true,
+            open_queue_ns: QUEUE_NS,
         }
     }
 }
@@ -80,6 +85,10 @@ impl Tuning {
             overlap: flag("FGPU_COMPUTE_OVERLAP", d.overlap),
             queue_scale: flag("FGPU_COMPUTE_QUEUE_SCALE", d.queue_scale),
             open: flag("FGPU_COMPUTE_OPEN", d.open),
+            open_queue_ns: parse(l, "FGPU_COMPUTE_OPEN_QUEUE_US", |x: &u64| {
+                (100..=50_000).contains(x)
+            })
+            .map_or(d.open_queue_ns, |us| us * 1000),
         }
     }
 }
@@ -114,7 +123,9 @@ mod tests {
             ("FGPU_COMPUTE_LIGHT_DUTY", "0.5"),
             ("FGPU_COMPUTE_OVERLAP", "1"),
             ("FGPU_COMPUTE_QUEUE_SCALE", "0"),
+            ("FGPU_COMPUTE_OPEN_QUEUE_US", "500"),
         ]);
+        assert_eq!(t.open_queue_ns, 500_000);
         assert_eq!(t.round_ns, 600_000_000);
         assert_eq!(t.queue_ns, 1_000_000);
         assert_eq!(t.light_duty, 0.5);
