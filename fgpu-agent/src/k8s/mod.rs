@@ -157,7 +157,7 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
     let client = match &args.api_server {
         Some(url) => {
             let uri: http::Uri = url.parse().with_context(|| format!("--api-server {url}"))?;
-            Some(kube::Client::try_from(kube::Config::new(uri))?)
+            Some(kube::Client::try_from(config_for(uri))?)
         }
         None => match kube::Client::try_default().await {
             Ok(c) => Some(c),
@@ -433,4 +433,19 @@ fn list_gpus(sim: bool) -> Result<Vec<slice::SliceGpu>> {
         });
     }
     Ok(gpus)
+}
+
+/// A client configuration for an API server given by URL, without authentication (tests,
+/// `kubectl proxy`). Over plain `http` no trust store is needed: without this, the client
+/// would look for the system's CA certificates anyway and fail where the image has none
+/// (the chart's image, ubuntu without ca-certificates: found by running the DaemonSet in
+/// real containers, tests/e2e_kubernetes_daemonset.rs). In-cluster, the service account's
+/// CA is used (kube::Config::infer).
+pub(crate) fn config_for(uri: http::Uri) -> kube::Config {
+    let plain = uri.scheme_str() == Some("http");
+    let mut c = kube::Config::new(uri);
+    if plain {
+        c.root_cert = Some(Vec::new());
+    }
+    c
 }

@@ -41,7 +41,7 @@ fn pod_uid(namespace: &str, name: &str) -> Result<String> {
         .build()?;
     rt.block_on(async {
         let client = match std::env::var("FGPU_API_SERVER") {
-            Ok(url) => kube::Client::try_from(kube::Config::new(url.parse::<http::Uri>()?))?,
+            Ok(url) => kube::Client::try_from(super::config_for(url.parse::<http::Uri>()?))?,
             Err(_) => kube::Client::try_default()
                 .await
                 .context("no API server (set FGPU_API_SERVER or KUBECONFIG)")?,

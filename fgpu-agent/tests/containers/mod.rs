@@ -449,7 +449,7 @@ fn build_agent_rootfs(root: &Path) {
 }
 
 /// Copies the C libraries `binaries` need (ldd) into `root` at the same paths.
-fn copy_libs(root: &Path, binaries: &[&Path]) {
+pub fn copy_libs(root: &Path, binaries: &[&Path]) {
     let out = Command::new("ldd")
         .args(binaries)
         .output()
