@@ -196,6 +196,16 @@ fn container(pod: &Value, c: &Value, node: &str, parent: &str) -> Run {
     Run { options, argv }
 }
 
+/// `fgpu limit ls --json` through the admin socket (null if it fails).
+fn limit_ls(admin: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_fgpu"))
+        .args(["limit", "ls", "--json", "--socket"])
+        .arg(admin)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
 fn named<'a>(list: &'a Value, name: &str) -> &'a Value {
     list.as_array()
         .unwrap()
@@ -348,71 +358,66 @@ fn privileged_the_charts_daemonset_in_real_containers_prepares_a_claim_its_workl
         );
     };
 
-    // The init container: copies fgpu and the shim to hostDir, writes the node's CDI spec.
-    let mut init = container(
-        &pod,
-        named(&pod["initContainers"], "install"),
-        "node-1",
-        &parent,
-    );
-    let script = init.argv.last_mut().unwrap();
-    assert!(script.contains(" cdi generate "), "{script}");
-    *script = script.replace(" cdi generate ", " cdi generate --sim ");
-    start(
-        &mut started,
-        init,
-        &unique("fgpu-ds-install"),
-        "none",
-        false,
-    );
-    assert!(t.join("opt-fgpu/bin/fgpu").is_file() && t.join("opt-fgpu/lib/libfgpu.so").is_file());
-    assert!(
-        cdi_files[0].is_file(),
-        "no node CDI spec\n{}",
-        started.logs()
-    );
-
-    // The agent.
-    let mut agent = container(&pod, named(&pod["containers"], "agent"), "node-1", &parent);
-    let hp = agent
-        .argv
-        .iter()
-        .position(|a| a == "--host-process=1")
-        .expect("the chart's agent runs with --host-process=1");
-    agent.argv[hp] = format!("--host-process={me}");
-    agent.argv.extend([
-        "--sim".to_string(),
-        "--bpf-dir".into(),
-        bpf_dir.display().to_string(),
-    ]);
-    start(&mut started, agent, &unique("fgpu-ds-agent"), "none", true);
     let admin = t.join("run-fgpu-admin/fgpu.sock");
-    wait_for_socket(&admin, "the agent", || started.logs());
-    wait_for_socket(&t.join("run-fgpu/fgpu.sock"), "the agent", || {
-        started.logs()
-    });
-
-    // The kubelet plugin.
-    let mut plugin = container(
-        &pod,
-        named(&pod["containers"], "kubelet-plugin"),
-        "node-1",
-        &parent,
-    );
-    plugin
-        .argv
-        .extend(["--sim".to_string(), "--api-server".into(), api.url.clone()]);
-    start(
-        &mut started,
-        plugin,
-        &unique("fgpu-ds-plugin"),
-        "host",
-        true,
-    );
     let reg_sock = t.join(format!("kubelet/plugins_registry/{driver}-reg.sock"));
     let dra_sock = t.join(format!("kubelet/plugins/{driver}/dra.sock"));
-    wait_for_socket(&reg_sock, "the plugin", || started.logs());
-    wait_for_socket(&dra_sock, "the plugin", || started.logs());
+    // One generation of the DaemonSet's pod: the init container to completion, then the
+    // agent and the plugin; their names.
+    let pod_up = |started: &mut Started<'_>| -> Vec<String> {
+        let first = started.names.len();
+        // The init container: copies fgpu and the shim to hostDir, writes the node's spec.
+        let mut init = container(
+            &pod,
+            named(&pod["initContainers"], "install"),
+            "node-1",
+            &parent,
+        );
+        let script = init.argv.last_mut().unwrap();
+        assert!(script.contains(" cdi generate "), "{script}");
+        *script = script.replace(" cdi generate ", " cdi generate --sim ");
+        start(started, init, &unique("fgpu-ds-install"), "none", false);
+        assert!(
+            t.join("opt-fgpu/bin/fgpu").is_file() && t.join("opt-fgpu/lib/libfgpu.so").is_file()
+        );
+        assert!(
+            cdi_files[0].is_file(),
+            "no node CDI spec\n{}",
+            started.logs()
+        );
+        // The agent.
+        let mut agent = container(&pod, named(&pod["containers"], "agent"), "node-1", &parent);
+        let hp = agent
+            .argv
+            .iter()
+            .position(|a| a == "--host-process=1")
+            .expect("the chart's agent runs with --host-process=1");
+        agent.argv[hp] = format!("--host-process={me}");
+        agent.argv.extend([
+            "--sim".to_string(),
+            "--bpf-dir".into(),
+            bpf_dir.display().to_string(),
+        ]);
+        start(started, agent, &unique("fgpu-ds-agent"), "none", true);
+        wait_for_socket(&admin, "the agent", || started.logs());
+        wait_for_socket(&t.join("run-fgpu/fgpu.sock"), "the agent", || {
+            started.logs()
+        });
+        // The kubelet plugin.
+        let mut plugin = container(
+            &pod,
+            named(&pod["containers"], "kubelet-plugin"),
+            "node-1",
+            &parent,
+        );
+        plugin
+            .argv
+            .extend(["--sim".to_string(), "--api-server".into(), api.url.clone()]);
+        start(started, plugin, &unique("fgpu-ds-plugin"), "host", true);
+        wait_for_socket(&reg_sock, "the plugin", || started.logs());
+        wait_for_socket(&dra_sock, "the plugin", || started.logs());
+        started.names[first..].to_vec()
+    };
+    let first_pod = pod_up(&mut started);
 
     let info = rt.block_on(kubelet::register(&reg_sock));
     assert_eq!(info.name, driver);
@@ -430,12 +435,7 @@ fn privileged_the_charts_daemonset_in_real_containers_prepares_a_claim_its_workl
         [format!("{driver}/claim={CLAIM_B}")]
     );
     assert!(cdi_files[1].is_file());
-    let out = Command::new(env!("CARGO_BIN_EXE_fgpu"))
-        .args(["limit", "ls", "--json", "--socket"])
-        .arg(&admin)
-        .output()
-        .unwrap();
-    let ls: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    let ls = limit_ls(&admin);
     let b_cg = format!("/{b_pod}");
     let entry = ls
         .as_array()
@@ -446,17 +446,15 @@ fn privileged_the_charts_daemonset_in_real_containers_prepares_a_claim_its_workl
 
     // The workload: a container of pod B started with the claim's CDI device (as the
     // kubelet hands the runtime the ids prepare returned). It sees 4 GiB and stops there.
-    let mut w = podman.load(
-        &[
-            &format!("--device={driver}/claim={CLAIM_B}"),
-            &format!("--cgroup-parent={b_cg}"),
-        ],
-        &["info", "alloc", "3GiB", "alloc", "1GiB", "hold"],
-    );
+    let b_run = [
+        format!("--device={driver}/claim={CLAIM_B}"),
+        format!("--cgroup-parent={b_cg}"),
+    ];
+    let b_run: Vec<&str> = b_run.iter().map(String::as_str).collect();
+    let mut w = podman.load(&b_run, &["info", "alloc", "3GiB", "alloc", "1GiB", "hold"]);
     let line = w.expect_line("info");
     assert_eq!(info_total(&line), 4 * GIB, "{line}\n{}", started.logs());
-    let (status, err) = w.finish();
-    assert!(status.success(), "{:?} {err}", w.lines);
+    w.expect_line("ready");
     assert_eq!(
         w.allocs_ok(),
         1,
@@ -468,6 +466,55 @@ fn privileged_the_charts_daemonset_in_real_containers_prepares_a_claim_its_workl
         "{:?}",
         w.lines
     );
+
+    // An upgrade, as the chart's RollingUpdate (maxUnavailable 1, no surge) does it on a
+    // node: the old pod's containers stop, the new pod's start (init container again).
+    // Limits and the claim checkpoint are on the host (stateDir) and the workload keeps
+    // running: its limit holds across the gap and under the new agent, and the kubelet's
+    // prepare of the same claim (it calls again for pods started meanwhile) answers the
+    // same from the checkpoint.
+    for n in first_pod.iter().rev() {
+        let out = podman
+            .cmd()
+            .args(["rm", "-f", "-t", "5", n])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    started.names.retain(|n| !first_pod.contains(n));
+    pod_up(&mut started);
+    let info = rt.block_on(kubelet::register(&reg_sock));
+    assert_eq!(info.name, driver);
+    let again = rt.block_on(kubelet::prepare(&dra_sock, claims.clone()));
+    assert_eq!(again, resp, "after the upgrade\n{}", started.logs());
+    let ls = limit_ls(&admin);
+    let entry = ls
+        .as_array()
+        .and_then(|a| a.iter().find(|e| e["cgroup"] == b_cg.as_str()))
+        .unwrap_or_else(|| panic!("the upgrade lost {b_cg}'s limit: {ls}\n{}", started.logs()));
+    assert_eq!(entry["own"]["memory_bytes"], 4 * GIB);
+    // A second container of pod B, under the new agent: the pod's 4 GiB are the first's
+    // 3.3 GiB (3 GiB + its context) and its own context, so 1 GiB is refused, 256 MiB fits.
+    let mut w2 = podman.load(&b_run, &["alloc", "1GiB", "alloc", "256MiB"]);
+    let (status, err) = w2.finish();
+    assert!(status.success(), "{:?} {err}", w2.lines);
+    assert_eq!(
+        w2.lines
+            .iter()
+            .filter(|l| l.starts_with("alloc "))
+            .map(|l| l.split_whitespace().nth(1).unwrap_or(""))
+            .collect::<Vec<_>>(),
+        ["fail", "ok"],
+        "the pod's limit after the upgrade: {:?}\n{}",
+        w2.lines,
+        started.logs()
+    );
+    let (status, err) = w.finish();
+    assert!(status.success(), "{:?} {err}", w.lines);
 
     // Unprepare lifts the limit and removes the claim's spec.
     let un = rt.block_on(kubelet::unprepare(&dra_sock, claims));

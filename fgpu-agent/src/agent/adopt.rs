@@ -39,17 +39,50 @@ pub fn offered(fd: OwnedFd, cgroup: &str, cgroup_id: u64) -> Result<Option<Owned
     }
 }
 
-/// A usage memfd of cgroup `cgroup_id` held by one of the cgroup's processes (never the
-/// agent's own), opened as a new description of the same memory.
+/// At most this many cgroups (the cgroup and those below it) are searched for a page.
+const MAX_CGROUPS_SEARCHED: usize = 4096;
+
+/// A usage memfd of cgroup `cgroup_id` held by one of the cgroup's processes, or of a cgroup
+/// below it (never the agent's own), opened as a new description of the same memory. Below
+/// matters: a pod's or a team's processes all live in cgroups under the one with the limit
+/// (cgroup v2 keeps processes out of inner cgroups that have controllers enabled), so its own
+/// `cgroup.procs` is empty; after an agent restart (a DaemonSet upgrade) a new container of
+/// such a pod started with a fresh page, the shim refused nothing it should and the kernel
+/// killed the container at the pod's limit (tests/e2e_kubernetes_daemonset.rs).
 pub fn usage_memfd_in(cgroup: &str, cgroup_dir: &Path, cgroup_id: u64) -> Option<OwnedFd> {
-    let procs = std::fs::read_to_string(cgroup_dir.join("cgroup.procs")).ok()?;
     let me = std::process::id();
     let mut skipped = 0usize;
-    let found = procs
-        .lines()
-        .filter_map(|l| l.trim().parse::<u32>().ok())
-        .filter(|&pid| pid != me)
-        .find_map(|pid| in_process(pid, cgroup, cgroup_id, &mut skipped));
+    let mut dirs = vec![cgroup_dir.to_path_buf()];
+    let mut seen = 0usize;
+    let mut found = None;
+    while let Some(dir) = dirs.pop() {
+        seen += 1;
+        if seen > MAX_CGROUPS_SEARCHED {
+            tracing::warn!(
+                cgroup,
+                "not searching past {MAX_CGROUPS_SEARCHED} cgroups for a usage memfd to adopt"
+            );
+            break;
+        }
+        if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            found = procs
+                .lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok())
+                .filter(|&pid| pid != me)
+                .find_map(|pid| in_process(pid, cgroup, cgroup_id, &mut skipped));
+            if found.is_some() {
+                break;
+            }
+        }
+        if let Ok(entries) = std::fs::read_dir(&dir) {
+            dirs.extend(
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+    }
     if skipped > 0 {
         tracing::warn!(
             cgroup,
