@@ -21,6 +21,8 @@ use k8s::plugin::{Plugin, PluginDirs, Tree, claim_json, claim_path, limit_of, li
 const GIB: u64 = 1 << 30;
 const POD_A: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000a";
 const POD_B: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000b";
+/// A pod that starts sharing claim A after it was prepared.
+const POD_C: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000c";
 const CLAIM_A: &str = "7d1e0c2a-1111-4c8e-9f00-00000000000a";
 const CLAIM_B: &str = "7d1e0c2a-2222-4c8e-9f00-00000000000b";
 
@@ -62,6 +64,7 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         format!("{base}/kubepods/besteffort"),
         b_pod.clone(),
         format!("{b_pod}/{}", "b1".repeat(32)),
+        format!("{base}/kubepods/besteffort/pod{POD_C}"),
     ] {
         cgroups.0.push(Cgroup::new(&p));
     }
@@ -69,7 +72,14 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         root: std::env::temp_dir().join(unique("fgpu-k8s")),
     };
     std::fs::create_dir_all(&dirs.root).unwrap();
-    let plugin = Plugin::start(&dirs, &agent, &api, &format!("/{base}"));
+    let plugin = Plugin::start_via(
+        &[],
+        &dirs,
+        &agent,
+        &api,
+        &format!("/{base}"),
+        &["--claim-recheck", "1"],
+    );
 
     // Registration handshake, as the kubelet's plugin watcher does it.
     let info = rt.block_on(kubelet::register(&plugin.reg_sock));
@@ -145,6 +155,30 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         plugin.log_text()
     );
     assert_eq!(limit_of(&agent, &b_cg), Some((Some(4 * GIB), Some(70))));
+
+    // A pod that starts sharing claim A now gets no prepare call from a kubelet (it prepares
+    // a claim once per node): the plugin sees it in the claim's reservedFor and limits it
+    // as it did pod A.
+    let c_cg = format!("/{base}/kubepods/besteffort/pod{POD_C}");
+    assert_eq!(limit_of(&agent, &c_cg), None);
+    let one = format!(r#"{{"resource":"pods","name":"pod-a","uid":"{POD_A}"}}"#);
+    let shared = claim_json(CLAIM_A, "a", "8Gi", "30", POD_A).replace(
+        &one,
+        &format!(r#"{one},{{"resource":"pods","name":"pod-c","uid":"{POD_C}"}}"#),
+    );
+    assert_ne!(shared, claim_json(CLAIM_A, "a", "8Gi", "30", POD_A));
+    api.put(&claim_path("a"), &shared);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while limit_of(&agent, &c_cg) != Some((Some(8 * GIB), Some(30))) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pod C joined claim A but was not limited in 10 s: {:?}\n{}",
+            limits(&agent),
+            plugin.log_text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(limit_of(&agent, &a_cg), Some((Some(8 * GIB), Some(30))));
 
     // `pod:` targets: by UID, and by namespace/name through the API server.
     api.put(
@@ -348,6 +382,11 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         }
         assert_eq!(limit_of(&agent, &a_cg), None, "{:?}", limits(&agent));
         assert_eq!(limit_of(&agent, &b_cg), None);
+        assert_eq!(
+            limit_of(&agent, &c_cg),
+            None,
+            "the sharer's limit goes with the claim"
+        );
     }
     plugin.stop();
     drop(cgroups);

@@ -186,6 +186,68 @@ impl Driver {
         }
     }
 
+    /// Pods that started sharing a claim after it was prepared here. The kubelet calls
+    /// NodePrepareResources once per claim and node: for a claim it has prepared already it
+    /// only records the new pod (pkg/kubelet/cm/dra/manager.go, `prepareResources`: a claim
+    /// found in its claim-info cache is not sent to the plugin again). So each prepared
+    /// claim's `status.reservedFor` is read again here; a pod found there for the first time
+    /// gets the limit the others have (each pod is held to the claim's capacity on its own:
+    /// pods sharing one claim may together use that many times it, which is logged). A
+    /// claim the API server no longer has, or cannot give now, keeps its pods.
+    pub async fn refresh_sharers(&self) {
+        let claims: Vec<(String, String, String)> = {
+            let st = self.state.lock().await;
+            st.ckpt
+                .claims
+                .iter()
+                .map(|(uid, p)| (uid.clone(), p.plan.namespace.clone(), p.plan.name.clone()))
+                .collect()
+        };
+        for (uid, namespace, name) in claims {
+            let Ok(claim) = self.fetch(&namespace, &name).await else {
+                continue;
+            };
+            if claim.metadata.uid.as_deref() != Some(uid.as_str()) {
+                continue; // another claim of the same name by now
+            }
+            let Ok(Some(plan)) = claim::plan(&claim, &self.cfg.driver, &uid) else {
+                continue;
+            };
+            let mut st = self.state.lock().await;
+            let Some(p) = st.ckpt.claims.get_mut(&uid) else {
+                continue; // unprepared meanwhile
+            };
+            let joined: Vec<String> = plan
+                .pods
+                .iter()
+                .filter(|x| !p.plan.pods.contains(x))
+                .cloned()
+                .collect();
+            if joined.is_empty() {
+                continue;
+            }
+            p.plan.pods.extend(joined.iter().cloned());
+            p.plan.pod_names.extend(plan.pod_names);
+            let sharers = p.plan.pods.len();
+            if let Err(err) = st.ckpt.save() {
+                tracing::warn!(claim = %format!("{namespace}/{name}"), "cannot save the checkpoint: {err:#}");
+            }
+            for pod in &joined {
+                tracing::warn!(
+                    claim = %format!("{namespace}/{name}"),
+                    pod,
+                    sharers,
+                    "a pod joined a prepared claim: it is limited to the claim's capacity as \
+                     the others are, each on its own (together they may use {sharers} times \
+                     it)"
+                );
+                if let Err(err) = self.ensure_pod(&mut st, pod) {
+                    tracing::warn!(pod, "cannot limit the pod: {err:#}");
+                }
+            }
+        }
+    }
+
     /// The pod's limit: the sum of its prepared claims' capacities (a claim without a memory
     /// figure is the whole GPU: no memory limit). `None`: no claims left.
     fn pod_limit(st: &State, pod: &str) -> Option<Limit> {

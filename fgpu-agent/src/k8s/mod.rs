@@ -72,6 +72,12 @@ pub struct KubeletPluginArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 15,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub slice_recheck: u64,
+    /// How often each prepared claim's `status.reservedFor` is read again: a pod that starts
+    /// sharing a claim already prepared on this node gets no prepare call (the kubelet
+    /// prepares a claim once per node), so its limit is set when it is seen here.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub claim_recheck: u64,
     /// List the simulated driver's GPUs ($FGPU_SIM_DIR/libnvidia-ml.so.1).
     #[arg(long)]
     pub sim: bool,
@@ -255,12 +261,18 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
         )
         .serve_with_incoming(reg_incoming);
     let d = driver.clone();
+    let claim_recheck = Duration::from_secs(args.claim_recheck);
     let reconciler = async move {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         let mut n: u64 = 0;
+        let mut sharers_read = tokio::time::Instant::now();
         loop {
             tick.tick().await;
             n += 1;
+            if sharers_read.elapsed() >= claim_recheck {
+                d.refresh_sharers().await;
+                sharers_read = tokio::time::Instant::now();
+            }
             d.reconcile(n.is_multiple_of(50)).await;
         }
     };
