@@ -4,6 +4,7 @@ mod agent;
 mod api;
 mod cdi;
 mod cli;
+mod driverroot;
 mod k8s;
 mod statefile;
 mod status;

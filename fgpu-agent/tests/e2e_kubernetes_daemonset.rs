@@ -16,9 +16,9 @@
 //! What differs from a node, and why:
 //! - `--host-process=1` becomes this test's PID: in CI the test runs in a container whose
 //!   PID 1 is out of reach (as in e2e_kubernetes_pod.rs);
-//! - the simulated driver stands for the NVIDIA one: `driverDir` is the simulator's
-//!   directory, and `--sim` (with `FGPU_SIM_DIR`) is added to the agent, the plugin and the
-//!   init container's `fgpu cdi generate`;
+//! - the simulated driver stands for the NVIDIA one: `driverRoot` is the simulator's
+//!   folder's parent, and `--sim` (with `FGPU_SIM_DIR` under /driver-root) is added to the
+//!   agent, the plugin and the init container's `fgpu cdi generate`;
 //! - the plugin gets `--api-server` (the stand-in, on loopback, hence `--network=host`;
 //!   the others run with no network) instead of the in-cluster service account;
 //! - the agent pins its maps in a bpffs directory of the test's own (`--bpf-dir`).
@@ -321,12 +321,16 @@ fn privileged_the_charts_daemonset_in_real_containers_prepares_a_claim_its_workl
         format!("adminSocketDir={}", t.join("run-fgpu-admin").display()),
         format!("cgroupMount={}", cg2.display()),
         format!("kubeletCgroupRoot=/{base}"),
-        format!("driverDir={}", sim_dir().display()),
+        // The simulated driver's folder's parent as the driver root (mounted at /driver-root).
+        format!("driverRoot={}", sim_dir().parent().unwrap().display()),
     ];
     let pod = render(&helm, &set);
     let parent = format!("/{fgpu_pod}");
     let me = std::process::id().to_string();
-    let sim_env = format!("FGPU_SIM_DIR={}", sim_dir().display());
+    let sim_env = format!(
+        "FGPU_SIM_DIR=/driver-root/{}",
+        sim_dir().file_name().unwrap().to_string_lossy()
+    );
     let bpf_dir = PathBuf::from("/sys/fs/bpf").join(unique("fgpu-test-ds"));
     let cdi_files = [
         PathBuf::from(format!("/var/run/cdi/{driver}-gpu.json")),

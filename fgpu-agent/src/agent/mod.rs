@@ -105,6 +105,12 @@ pub struct AgentArgs {
     #[arg(long)]
     sim: bool,
 
+    /// The NVIDIA driver's root (the host's `/` mounted into the agent's container, or the
+    /// root a driver container installs to): libnvidia-ml.so.1 is loaded from its library
+    /// directories [default: the system's loader path].
+    #[arg(long, value_name = "DIR")]
+    driver_root: Option<PathBuf>,
+
     /// What the kernel does when an allocation takes a cgroup past its memory limit (one
     /// that bypassed the shim): kill the process at that allocation, or only report it.
     #[arg(long, value_enum, default_value = "kill")]
@@ -179,14 +185,18 @@ pub fn run(args: AgentArgs) -> Result<()> {
         group_gid: args.socket_group.as_deref().map(group_id).transpose()?,
         group_name: args.socket_group.clone(),
     };
-    let gpus = gpus::Gpus::open(
-        if args.sim {
-            Some(sim_dir()?.join("libnvidia-ml.so.1"))
-        } else {
-            None
-        }
-        .as_deref(),
-    );
+    let nvml_lib = match (&args.driver_root, args.sim) {
+        (_, true) => Some(sim_dir()?.join("libnvidia-ml.so.1")),
+        (Some(root), false) => match crate::driverroot::nvml_under(root) {
+            Ok(p) => Some(p),
+            Err(err) => {
+                tracing::warn!("{err:#}: GPUs are not listed by NVML");
+                None
+            }
+        },
+        (None, false) => None,
+    };
+    let gpus = gpus::Gpus::open(nvml_lib.as_deref());
     let mut probes = probes::Probes::load(&args.bpf_dir)?;
     let kernel = kernel::KernelMaps::take(&mut probes.ebpf)?;
     let ring = events::ring(&mut probes.ebpf)?;

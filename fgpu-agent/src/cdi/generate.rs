@@ -56,6 +56,10 @@ pub struct GenerateArgs {
     /// libnvidia-ml.so.1 to list GPUs with [default: the system's; with --sim the simulated one].
     #[arg(long, value_name = "PATH")]
     nvml: Option<PathBuf>,
+    /// The driver's root (a host's `/` mounted into a container): libnvidia-ml.so.1 is looked
+    /// for in its library directories (crate::driverroot).
+    #[arg(long, value_name = "DIR", conflicts_with = "nvml")]
+    driver_root: Option<PathBuf>,
     /// List the simulated driver's GPUs ($FGPU_SIM_DIR/libnvidia-ml.so.1).
     #[arg(long)]
     sim: bool,
@@ -164,6 +168,16 @@ pub(crate) fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 fn list_gpus(args: &GenerateArgs) -> Result<Vec<Gpu>> {
     let lib = match (&args.nvml, args.sim) {
         (Some(p), _) => Some(p.clone()),
+        (None, false) if args.driver_root.is_some() => {
+            let root = args.driver_root.as_deref().expect("given");
+            match crate::driverroot::nvml_under(root) {
+                Ok(p) => Some(p),
+                Err(err) => {
+                    eprintln!("fgpu: warning: {err:#}");
+                    None
+                }
+            }
+        }
         (None, true) => Some(
             std::env::var_os("FGPU_SIM_DIR")
                 .map(PathBuf::from)

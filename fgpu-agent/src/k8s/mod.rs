@@ -78,6 +78,10 @@ pub struct KubeletPluginArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub claim_recheck: u64,
+    /// The NVIDIA driver's root (the host's `/` mounted into the plugin's container):
+    /// libnvidia-ml.so.1 is loaded from its library directories [default: the system's].
+    #[arg(long, value_name = "DIR")]
+    pub driver_root: Option<PathBuf>,
     /// List the simulated driver's GPUs ($FGPU_SIM_DIR/libnvidia-ml.so.1).
     #[arg(long)]
     pub sim: bool,
@@ -153,7 +157,7 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
         std::env::var_os("FGPU_ADMIN_SOCKET")
             .map_or_else(|| PathBuf::from(crate::DEFAULT_ADMIN_SOCKET), PathBuf::from)
     });
-    let gpus = list_gpus(args.sim)?;
+    let gpus = list_gpus(args.sim, args.driver_root.as_deref())?;
     if gpus.is_empty() {
         tracing::warn!("no GPUs found: nothing to offer");
     }
@@ -415,14 +419,27 @@ struct Serving {
 }
 
 /// The node's GPUs by NVML (the simulated driver's with `sim`). None found: an empty list.
-fn list_gpus(sim: bool) -> Result<Vec<slice::SliceGpu>> {
+fn list_gpus(sim: bool, driver_root: Option<&Path>) -> Result<Vec<slice::SliceGpu>> {
     let mut builder = nvml_wrapper::Nvml::builder();
-    let lib;
-    if sim {
-        lib = std::env::var_os("FGPU_SIM_DIR")
-            .map(PathBuf::from)
-            .context("--sim needs FGPU_SIM_DIR (the folder of the simulated driver)")?
-            .join("libnvidia-ml.so.1");
+    let lib = if sim {
+        Some(
+            std::env::var_os("FGPU_SIM_DIR")
+                .map(PathBuf::from)
+                .context("--sim needs FGPU_SIM_DIR (the folder of the simulated driver)")?
+                .join("libnvidia-ml.so.1"),
+        )
+    } else if let Some(root) = driver_root {
+        match crate::driverroot::nvml_under(root) {
+            Ok(p) => Some(p),
+            Err(err) => {
+                tracing::warn!("{err:#}: no GPUs to offer");
+                return Ok(Vec::new());
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(lib) = &lib {
         builder.lib_path(lib.as_os_str());
     }
     let nvml = match builder.init() {
