@@ -44,17 +44,7 @@ const POD_B: &str = "0c3d6f1e-2b4a-4c8e-9f00-0000000000db";
 const CLAIM_B: &str = "7d1e0c2a-4444-4c8e-9f00-0000000000db";
 
 fn find(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("FGPU_K8S_TOOLS")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([PathBuf::from("/opt/fgpu-k8s-tools")])
-        .chain(
-            std::env::var_os("PATH")
-                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-                .unwrap_or_default(),
-        )
-        .map(|d| d.join(tool))
-        .find(|p| p.is_file())
+    fgpu_testkit::k8s_tool(tool)
 }
 
 fn root() -> PathBuf {

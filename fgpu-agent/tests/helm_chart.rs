@@ -13,16 +13,7 @@ fn root() -> PathBuf {
 }
 
 fn find(tool: &str) -> Option<PathBuf> {
-    let dirs = std::env::var_os("FGPU_K8S_TOOLS")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([PathBuf::from("/opt/fgpu-k8s-tools")])
-        .chain(
-            std::env::var_os("PATH")
-                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-                .unwrap_or_default(),
-        );
-    dirs.map(|d| d.join(tool)).find(|p| p.is_file())
+    fgpu_testkit::k8s_tool(tool)
 }
 
 fn run(cmd: &mut Command) -> String {

@@ -227,3 +227,52 @@ fn privileged_a_killed_hip_tenant_never_stalls_its_cuda_neighbour() {
         drop(victim);
     }
 }
+
+/// Issue 28: `fgpu agent --sim` probes the simulated HIP runtime from its start, installed
+/// as ROCm installs it (`libamdhip64.so.7`, and `libamdhip64.so` a symlink to it, as
+/// `cargo xtask` now installs the simulator): a HIP process without the shim that loads the
+/// unversioned name has its allocation attributed to its cgroup at once, no start-up sleep
+/// for the watcher. (Before, the agent probed only `libcuda.so.1` under `--sim`, and the
+/// simulator's two HIP names were two files: 0 bytes attributed.)
+#[test]
+fn privileged_the_sim_agent_attributes_hip_allocations_through_either_name() {
+    if !privileged() {
+        return;
+    }
+    let (w, hip) = hip_world("hipattr");
+    let so7 = w.sim_dir.join("libamdhip64.so.7");
+    let link = w.sim_dir.join("libamdhip64.so");
+    std::fs::rename(&link, &so7).unwrap();
+    std::os::unix::fs::symlink("libamdhip64.so.7", &link).unwrap();
+    let agent = w.agent();
+    let log = agent.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("attached") && l.contains("libamdhip64.so.7")),
+        "the agent probes the simulated HIP runtime at start:\n{log}"
+    );
+    let cg = Cgroup::new(&unique("fgpu-hipattr"));
+    let mut p = Proc::start(w.command(
+        &cg,
+        &[("LD_PRELOAD", "")],
+        &hip,
+        &["alloc-api", "malloc", "256MiB", "hold"],
+    ));
+    p.expect("ready");
+    let (_, status) = w.fgpu(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let used = v
+        .as_array()
+        .or_else(|| v["cgroups"].as_array())
+        .and_then(|a| a.iter().find(|r| r["cgroup"] == cg.path.as_str()))
+        .map(|r| r["memory_used_bytes"].as_u64().unwrap_or(0));
+    assert_eq!(
+        used,
+        Some(256 << 20),
+        "the kernel's count for {}: {status}\n{}",
+        cg.path,
+        agent.log_text()
+    );
+    let f = p.finish();
+    assert_eq!(f.code, Some(0), "{f}");
+}

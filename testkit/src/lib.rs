@@ -119,3 +119,19 @@ impl Drop for Cgroup {
         }
     }
 }
+
+/// A Kubernetes tool (`helm`, `kubectl`, `kubernetes-validate`): in `$FGPU_K8S_TOOLS`,
+/// `/opt/fgpu-k8s-tools` (deploy/helm/fetch-tools.sh puts them there) or `PATH`.
+pub fn k8s_tool(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("FGPU_K8S_TOOLS")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([PathBuf::from("/opt/fgpu-k8s-tools")])
+        .chain(
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        )
+        .map(|d| d.join(tool))
+        .find(|p| p.is_file())
+}

@@ -207,7 +207,17 @@ pub fn run(args: AgentArgs) -> Result<()> {
         watcher.consider(&path, driver)?;
     }
     if args.sim {
-        watcher.consider(&sim_dir()?.join(LIBCUDA), Driver::Cuda)?;
+        let sim = sim_dir()?;
+        watcher.consider(&sim.join(LIBCUDA), Driver::Cuda)?;
+        // The simulated HIP runtime too, where it is installed (a CUDA-only sim has none).
+        if let Some(hip) = ["libamdhip64.so.7", "libamdhip64.so"]
+            .iter()
+            .map(|n| sim.join(n))
+            .find(|p| p.exists())
+            && let Err(err) = watcher.consider(&hip, Driver::Hip)
+        {
+            tracing::warn!("not probing {}: {err:#}", hip.display());
+        }
     } else {
         for (path, driver) in discovery::system_candidates() {
             if let Err(err) = watcher.consider(&path, driver) {

@@ -67,22 +67,28 @@ pub async fn unprepare(
         .into_inner()
 }
 
-/// NodePrepareResources as a 1.32 or 1.33 kubelet calls it (the v1beta1 service, whose
-/// messages are v1's), answered in v1's types for comparison.
-pub async fn prepare_v1beta1(
-    dra_sock: &Path,
-    claims: Vec<dra::Claim>,
-) -> dra::NodePrepareResourcesResponse {
-    use fgpu_kubelet_api::dra::v1beta1 as b1;
-    let mut c = b1::dra_plugin_client::DraPluginClient::new(channel(dra_sock).await);
-    let claims = claims
+use fgpu_kubelet_api::dra::v1beta1 as b1;
+
+/// The same claims as v1beta1 messages.
+fn b1_claims(claims: Vec<dra::Claim>) -> Vec<b1::Claim> {
+    claims
         .into_iter()
         .map(|c| b1::Claim {
             namespace: c.namespace,
             uid: c.uid,
             name: c.name,
         })
-        .collect();
+        .collect()
+}
+
+/// NodePrepareResources as a 1.32 or 1.33 kubelet calls it (the v1beta1 service, whose
+/// messages are v1's), answered in v1's types for comparison.
+pub async fn prepare_v1beta1(
+    dra_sock: &Path,
+    claims: Vec<dra::Claim>,
+) -> dra::NodePrepareResourcesResponse {
+    let mut c = b1::dra_plugin_client::DraPluginClient::new(channel(dra_sock).await);
+    let claims = b1_claims(claims);
     let r = c
         .node_prepare_resources(b1::NodePrepareResourcesRequest { claims })
         .await
@@ -114,16 +120,8 @@ pub async fn unprepare_v1beta1(
     dra_sock: &Path,
     claims: Vec<dra::Claim>,
 ) -> std::collections::HashMap<String, String> {
-    use fgpu_kubelet_api::dra::v1beta1 as b1;
     let mut c = b1::dra_plugin_client::DraPluginClient::new(channel(dra_sock).await);
-    let claims = claims
-        .into_iter()
-        .map(|c| b1::Claim {
-            namespace: c.namespace,
-            uid: c.uid,
-            name: c.name,
-        })
-        .collect();
+    let claims = b1_claims(claims);
     let r = c
         .node_unprepare_resources(b1::NodeUnprepareResourcesRequest { claims })
         .await
