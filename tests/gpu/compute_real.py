@@ -7,6 +7,7 @@ Prints PASS/FAIL/INFO lines and a table last; writes DIR/compute_real.json. Exit
 """
 
 import argparse
+import datetime
 import json
 import math
 import os
@@ -111,6 +112,30 @@ def ilv(runs, out, check):
         if mix in ("s25", "s3") and len(shares) == len(tenants):
             total = sum(v[0] for v in shares.values())
             check(f"{phase}: total", total >= 90, f"{fmt(total)}%", ">= 90%")
+
+
+def join_turn_series(log, cgroup, t0, t_end):
+    """(time, turn_pct_1s) of CGROUP's once-a-second controller lines in the join phase of
+    agent.log whose second lies within [t0, t_end] (the line's time ends its second)."""
+    out, phase = [], None
+    try:
+        for line in open(log, errors="replace"):
+            if line.startswith("PHASE-START "):
+                phase = line.split()[1]
+            elif line.startswith("PHASE-END "):
+                phase = None
+            elif phase == "join" and "compute tenant" in line and cgroup in line:
+                m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)Z", line.strip())
+                v = re.search(r'turn_pct_1s="?([0-9.]+)', line)
+                if not (m and v):
+                    continue
+                t = datetime.datetime.fromisoformat(m.group(1)).replace(
+                    tzinfo=datetime.timezone.utc).timestamp()
+                if t0 + 1 <= t <= t_end:
+                    out.append((t, float(v.group(1))))
+    except OSError:
+        pass
+    return out
 
 
 def main():
@@ -303,8 +328,19 @@ def main():
                   all(x >= 40 for x in inc if not math.isnan(x)) and bool(inc),
                   " / ".join(fmt(x) for x in inc), ">= 40 each")
             late = [x for x in new[2:] if not math.isnan(x)]
-            check("join: cnn settled from its 3rd second", all(abs(x - 50) <= 5 for x in late)
+            check("join: cnn's work settled from its 3rd second", all(abs(x - 50) <= 5 for x in late)
                   and bool(late), " / ".join(fmt(x) for x in late), "50 +- 5")
+            # Issue 25 item 2 in its own terms: the joiner's share of the device's time (the
+            # controller's once-a-second `turn_pct_1s`, each line the second before it) in every
+            # second both ran, settled from its 3rd second.
+            turn = join_turn_series(os.path.join(args.out, "agent.log"), "fgpu-real-b", t0, a_end)
+            check("join: cnn's turn share per second while both run", all(
+                40 <= x <= 60 for _, x in turn) and bool(turn),
+                " / ".join(fmt(x) for _, x in turn), "40-60 each")
+            settled = [x for t, x in turn if t >= t0 + 3]
+            check("join: cnn's turn share settled from its 3rd second",
+                  all(abs(x - 50) <= 5 for x in settled) and bool(settled),
+                  " / ".join(fmt(x) for x in settled), "50 +- 5")
         else:
             check("join: both workers", False, "no result", "results")
     for v in variants:
@@ -392,7 +428,6 @@ def main():
     # The GPU's SM clock and power per phase (nvidia-smi samples every 200 ms).
     clocks = {}
     try:
-        import datetime
         spans = {}
         for line in open(os.path.join(args.out, "phases.txt")):
             name, what, at = line.split()
