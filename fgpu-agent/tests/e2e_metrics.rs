@@ -1,7 +1,8 @@
 //! End-to-end: the agent's `--metrics` listener on the simulated driver. Two limited
 //! containers (cgroups in PID namespaces, the shim preloaded) allocate past their limits; the
-//! scrape agrees with `fgpu status --json`, passes `promtool check metrics`, drops a removed
-//! cgroup's series within one publish interval; `/readyz` is not ready before the probes
+//! scrape agrees with `fgpu status --json`, its classic form (what a plain client gets) passes
+//! `promtool check metrics` as served and its OpenMetrics form (what Prometheus asks for)
+//! carries the same series, a removed cgroup's series go within one publish interval; `/readyz` is not ready before the probes
 //! are attached; the listener holds up against clients that misbehave; limit changes and
 //! denials reach the JSON log as events.
 
@@ -12,23 +13,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{Agent, Cgroup, Load, SimState, ok, privileged, sim_dir, unique};
-use metrics_http::{Series, address_in_log, find, get, one, parse, promtool};
+use metrics_http::{
+    CLASSIC_ACCEPT, CLASSIC_TYPE, OPENMETRICS_TYPE, PROMETHEUS_ACCEPT, Series, address_in_log,
+    find, get, one, promtool, request_with, sample_set, scrape, scrape_openmetrics,
+};
 use serde_json::Value;
 
 /// The agent's publish interval (`PUBLISH_EVERY`): a scrape reuses a sample this young.
 const PUBLISH: Duration = Duration::from_secs(1);
-
-fn scrape(addr: &str) -> (String, Vec<Series>) {
-    let r = get(addr, "/metrics");
-    assert_eq!(r.code, 200, "{}", r.body);
-    assert_eq!(
-        r.header("content-type"),
-        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
-    );
-    assert!(r.body.ends_with("# EOF\n"), "not a whole exposition");
-    let series = parse(&r.body);
-    (r.body, series)
-}
 
 /// A load under the shim that allocates 256 MiB at a time past its limit (refused), then
 /// fills the limit exactly and asks for one byte more (refused), and holds: two denials.
@@ -234,8 +226,53 @@ fn privileged_metrics_agree_with_status_pass_promtool_and_follow_cgroups() {
     assert_eq!(one(&series, "fgpu_shims_connected", &[]), 2.0, "{text}");
     assert_eq!(one(&series, "fgpu_agent_ready", &[]), 1.0);
 
+    // The classic form as served passes promtool, with no lint.
     let (passed, lint) = promtool(&text);
     assert!(passed, "promtool check metrics:\n{lint}\n{text}");
+    assert!(
+        text.contains("# TYPE fgpu_cgroup_alloc_denied_total counter\n"),
+        "{text}"
+    );
+    assert!(text.contains("# TYPE fgpu_gpu_info gauge\n"), "{text}");
+    // The OpenMetrics form has the same series (from the same sample when both are asked
+    // within one publish interval; the node is settled, so a retry or two at most).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (om, om_series) = scrape_openmetrics(&addr);
+        let (cl, cl_series) = scrape(&addr);
+        if sample_set(&om_series) == sample_set(&cl_series) {
+            assert!(om_series.len() >= 30, "{om}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the two formats differ:\n{om}\n{cl}"
+        );
+    }
+    // What a client asks for is what it gets, HEAD included; curl's `*/*` gets classic.
+    for (accept, want) in [
+        ("*/*", CLASSIC_TYPE),
+        (CLASSIC_ACCEPT, CLASSIC_TYPE),
+        ("text/plain", CLASSIC_TYPE),
+        (PROMETHEUS_ACCEPT, OPENMETRICS_TYPE),
+        ("application/openmetrics-text", OPENMETRICS_TYPE),
+    ] {
+        for method in ["GET", "HEAD"] {
+            let r = request_with(
+                &addr,
+                method,
+                "/metrics",
+                &[("Accept", accept), ("User-Agent", "curl/8.5.0")],
+            );
+            assert_eq!(r.code, 200, "{method} {accept}: {}", r.body);
+            assert_eq!(r.header("content-type"), Some(want), "{method} {accept}");
+            let eof = r.body.ends_with("# EOF\n");
+            match method {
+                "HEAD" => assert!(r.body.is_empty(), "HEAD has no body: {}", r.body),
+                _ => assert_eq!(eof, want == OPENMETRICS_TYPE, "{accept}: {}", r.body),
+            }
+        }
+    }
 
     // b's container ends and its cgroup goes: once the status no longer has it, its series
     // are gone from the next sample on.

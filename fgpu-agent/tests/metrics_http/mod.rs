@@ -1,5 +1,5 @@
 //! Helpers of the metrics tests: a plain HTTP/1.1 client, the agent's metrics address from
-//! its log, and a parser of the OpenMetrics text.
+//! its log, a parser of the samples of either exposition format, and promtool.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -53,8 +53,17 @@ pub fn raw(addr: &str, request: &[u8]) -> std::io::Result<Vec<u8>> {
 }
 
 pub fn request(addr: &str, method: &str, path: &str) -> Response {
-    let req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    let bytes = raw(addr, req.as_bytes()).unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    request_with(addr, method, path, &[])
+}
+
+/// A request with `headers` besides Host and Connection.
+pub fn request_with(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        req.push_str(&format!("{name}: {value}\r\n"));
+    }
+    req.push_str("\r\n");
+    let bytes = raw(addr, req.as_bytes()).unwrap_or_else(|e| panic!("{method} {path}: {e}"));
     parse_response(&bytes)
 }
 
@@ -83,6 +92,41 @@ pub fn parse_response(bytes: &[u8]) -> Response {
     }
 }
 
+/// A plain scrape (no `Accept`, as `curl` without options): the classic text format.
+pub fn scrape(addr: &str) -> (String, Vec<Series>) {
+    let r = get(addr, "/metrics");
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(r.header("content-type"), Some(CLASSIC_TYPE));
+    assert_eq!(r.header("vary"), Some("accept"));
+    assert!(
+        !r.body.contains("# EOF") && !r.body.contains("# UNIT"),
+        "{}",
+        r.body
+    );
+    assert!(r.body.ends_with('\n'), "not a whole exposition");
+    let series = parse(&r.body);
+    (r.body, series)
+}
+
+/// A scrape that asks for OpenMetrics as Prometheus 2.x does.
+pub fn scrape_openmetrics(addr: &str) -> (String, Vec<Series>) {
+    let r = request_with(addr, "GET", "/metrics", &[("Accept", PROMETHEUS_ACCEPT)]);
+    assert_eq!(r.code, 200, "{}", r.body);
+    assert_eq!(r.header("content-type"), Some(OPENMETRICS_TYPE));
+    assert!(r.body.ends_with("# EOF\n"), "not a whole exposition");
+    assert!(r.body.contains("# TYPE fgpu_gpu info\n"), "{}", r.body);
+    let series = parse(&r.body);
+    (r.body, series)
+}
+
+/// The samples of an exposition as comparable text (a value `2` and `2.0` alike).
+pub fn sample_set(series: &[Series]) -> std::collections::BTreeSet<String> {
+    series
+        .iter()
+        .map(|s| format!("{} {:?} {}", s.name, s.labels, s.value))
+        .collect()
+}
+
 /// One sample line.
 #[derive(Debug, Clone)]
 pub struct Series {
@@ -91,8 +135,15 @@ pub struct Series {
     pub value: f64,
 }
 
-/// The samples of an OpenMetrics text (label values hold no `"` or `,` here: the agent
-/// replaces quotes, and the tests' cgroup names have no commas).
+/// What Prometheus 2.5 to 2.48 sends (Debian 12's 2.42 among them): OpenMetrics first.
+pub const PROMETHEUS_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+/// What Prometheus 2.49 and later sends with `scrape_protocols: [PrometheusText0.0.4]`.
+pub const CLASSIC_ACCEPT: &str = "text/plain;version=0.0.4;q=0.6,*/*;q=0.5";
+pub const OPENMETRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CLASSIC_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The samples of an exposition, OpenMetrics or classic (label values hold no `"` or `,`
+/// here: the agent replaces quotes, and the tests' cgroup names have no commas).
 pub fn parse(text: &str) -> Vec<Series> {
     let mut out = Vec::new();
     for line in text
@@ -147,44 +198,8 @@ pub fn one(all: &[Series], name: &str, want: &[(&str, &str)]) -> f64 {
     found[0].value
 }
 
-/// The OpenMetrics text as the classic Prometheus text format that `promtool check metrics`
-/// reads (Prometheus 2.x): the standard mapping of OpenMetrics families to classic ones —
-/// a counter family `x` is the classic counter `x_total`, an info family `x` the gauge
-/// `x_info` — and no `# UNIT` or `# EOF` lines. Every sample line is kept as it is.
-pub fn classic(text: &str) -> String {
-    let mut kinds: BTreeMap<String, String> = BTreeMap::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
-            kinds.insert(name.to_string(), kind.to_string());
-        }
-    }
-    let rename = |name: &str| match kinds.get(name).map(String::as_str) {
-        Some("counter") => format!("{name}_total"),
-        Some("info") => format!("{name}_info"),
-        _ => name.to_string(),
-    };
-    let mut out = String::new();
-    for line in text.lines() {
-        if line.starts_with("# UNIT ") || line == "# EOF" {
-            continue;
-        }
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
-            let kind = if kind == "info" { "gauge" } else { kind };
-            out.push_str(&format!("# TYPE {} {kind}\n", rename(name)));
-        } else if let Some(rest) = line.strip_prefix("# HELP ") {
-            let (name, help) = rest.split_once(' ').expect("# HELP name text");
-            out.push_str(&format!("# HELP {} {help}\n", rename(name)));
-        } else {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
-/// `promtool check metrics` on `text` (classic form): its output, and whether it passed.
+/// `promtool check metrics` on `text` as it was served (the classic format: promtool 2.x
+/// does not read OpenMetrics): its output, and whether it passed.
 pub fn promtool(text: &str) -> (bool, String) {
     let mut child = std::process::Command::new("promtool")
         .args(["check", "metrics"])
@@ -197,7 +212,7 @@ pub fn promtool(text: &str) -> (bool, String) {
         .stdin
         .take()
         .unwrap()
-        .write_all(classic(text).as_bytes())
+        .write_all(text.as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
     (

@@ -1,5 +1,6 @@
 //! The metrics listener: HTTP/1.1 (hyper) on the node network, bounded in connections, header
-//! size and time. Routes: `GET /metrics`, `/healthz`, `/readyz`; anything else is 404, any
+//! size and time. Routes: `GET /metrics` (OpenMetrics or the classic text format, as the
+//! request's `Accept` says: [`negotiate`]), `/healthz`, `/readyz`; anything else is 404, any
 //! method but GET/HEAD 405. Request bodies are never read.
 
 use std::convert::Infallible;
@@ -8,13 +9,14 @@ use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{ALLOW, CONTENT_TYPE, HeaderValue};
+use hyper::header::{ACCEPT, ALLOW, CONTENT_TYPE, HeaderValue, VARY};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use super::Shared;
+use super::negotiate::{self, negotiate};
 
 /// Connections served at once; more wait in the kernel's backlog (a Prometheus server keeps
 /// one; a handful of people's curls and probes fit).
@@ -25,8 +27,6 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most bytes buffered for a request head.
 const MAX_HEAD: usize = 16 * 1024;
-
-const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -74,11 +74,16 @@ fn route(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
         return r;
     }
     match req.uri().path() {
-        "/metrics" => match shared.metrics_body() {
-            Some(body) => {
+        "/metrics" => match shared.metrics_body(format(req)) {
+            Some((format, body)) => {
                 let mut r = Response::new(Full::new(body));
-                r.headers_mut()
-                    .insert(CONTENT_TYPE, HeaderValue::from_static(OPENMETRICS));
+                let headers = r.headers_mut();
+                headers.insert(
+                    CONTENT_TYPE,
+                    HeaderValue::from_static(format.content_type()),
+                );
+                // The answer depends on the request's Accept: caches must not mix the two.
+                headers.insert(VARY, HeaderValue::from_static("accept"));
                 r
             }
             None => text(
@@ -99,6 +104,21 @@ fn route(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
             "not found: try /metrics, /healthz or /readyz\n".into(),
         ),
     }
+}
+
+/// The format the request's `Accept` header(s) ask for (values that are not visible ASCII
+/// are ignored).
+fn format(req: &Request<Incoming>) -> negotiate::Format {
+    let values: Vec<&str> = req
+        .headers()
+        .get_all(ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    if values.is_empty() {
+        return negotiate(None);
+    }
+    negotiate(Some(&values.join(",")))
 }
 
 fn status(ok: bool) -> StatusCode {

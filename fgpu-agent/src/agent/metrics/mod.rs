@@ -1,5 +1,6 @@
-//! Observability: `--metrics ADDR` serves OpenMetrics (`/metrics`), liveness (`/healthz`) and
-//! readiness (`/readyz`) on one small HTTP listener (docs/observability.md).
+//! Observability: `--metrics ADDR` serves the metrics (`/metrics`: OpenMetrics or the classic
+//! text format, as the scraper's `Accept` asks), liveness (`/healthz`) and readiness
+//! (`/readyz`) on one small HTTP listener (docs/observability.md).
 //!
 //! The listener starts before anything else (so that `/readyz` answers "not ready" while the
 //! probes are being attached) on a thread and runtime of its own: a slow scraper never holds
@@ -7,10 +8,14 @@
 //! sampled at most once per [`PUBLISH_EVERY`]: a cgroup that is gone from the report has no
 //! series from the next sample on.
 
+mod classic;
 pub mod eventlog;
 mod families;
 mod http;
 pub mod labels;
+mod model;
+mod negotiate;
+mod openmetrics;
 mod sample;
 
 use std::net::SocketAddr;
@@ -106,24 +111,34 @@ pub struct Shared {
     pub health: Health,
     state: OnceLock<Arc<State>>,
     hostname: String,
-    /// The last body and when its sample was taken.
-    cache: Mutex<Option<(Instant, Bytes)>>,
+    /// The last sample's bodies (OpenMetrics, classic) and when it was taken.
+    cache: Mutex<Option<(Instant, [Bytes; 2])>>,
 }
 
 impl Shared {
-    /// The OpenMetrics body; `None` until the agent's state exists.
-    fn metrics_body(&self) -> Option<Bytes> {
+    /// The body in `format` (with `format`, for its content type); `None` until the agent's
+    /// state exists. Both formats of one publish interval come from the same sample.
+    fn metrics_body(&self, format: negotiate::Format) -> Option<(negotiate::Format, Bytes)> {
         let state = self.state.get()?;
+        let pick = |bodies: &[Bytes; 2]| match format {
+            negotiate::Format::OpenMetrics => bodies[0].clone(),
+            negotiate::Format::Classic => bodies[1].clone(),
+        };
         let mut cache = self.cache.lock().expect("metrics cache lock");
-        if let Some((at, body)) = cache.as_ref()
+        if let Some((at, bodies)) = cache.as_ref()
             && at.elapsed() < PUBLISH_EVERY
         {
-            return Some(body.clone());
+            return Some((format, pick(bodies)));
         }
         let sample = sample::take(state, &self.hostname, self.health.is_ready());
-        let body = Bytes::from(families::encode(sample));
-        *cache = Some((Instant::now(), body.clone()));
-        Some(body)
+        let families = families::families(&sample);
+        let bodies = [
+            Bytes::from(openmetrics::encode(&families)),
+            Bytes::from(classic::encode(&families)),
+        ];
+        let body = pick(&bodies);
+        *cache = Some((Instant::now(), bodies));
+        Some((format, body))
     }
 }
 

@@ -1,6 +1,12 @@
-use super::families::{LedgerDevice, Sample, encode, exported_names};
+use super::families::{LedgerDevice, Sample, exported_names};
+use super::negotiate::Format;
 use crate::agent::gpus::Gpu;
 use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
+
+/// The OpenMetrics exposition of `s`.
+fn encode(s: &Sample) -> String {
+    super::families::encode(s, Format::OpenMetrics)
+}
 
 const ID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
@@ -71,7 +77,7 @@ fn series(text: &str) -> Vec<&str> {
 #[test]
 fn a_cgroup_has_its_figures_with_dcgm_and_container_labels() {
     let path = format!("/system.slice/docker-{ID}.scope");
-    let text = encode(sample(vec![row(&path, 3 << 30, Some(4 << 30), 9)]));
+    let text = encode(&sample(vec![row(&path, 3 << 30, Some(4 << 30), 9)]));
     assert!(text.ends_with("# EOF\n"), "{text}");
     let uuid = "GPU-00000001-1111-2222-3333-444444444444";
     let base = format!(r#"cgroup="{path}",container_id="{ID}",Hostname="node-1""#);
@@ -107,12 +113,12 @@ fn a_cgroup_has_its_figures_with_dcgm_and_container_labels() {
 
 #[test]
 fn a_cgroup_gone_from_the_report_has_no_series() {
-    let both = encode(sample(vec![
+    let both = encode(&sample(vec![
         row("/fgpu/a", 1, None, 0),
         row("/fgpu/b", 2, None, 0),
     ]));
     assert!(both.contains(r#"cgroup="/fgpu/b""#));
-    let one = encode(sample(vec![row("/fgpu/a", 1, None, 0)]));
+    let one = encode(&sample(vec![row("/fgpu/a", 1, None, 0)]));
     assert!(one.contains(r#"cgroup="/fgpu/a""#));
     assert!(!one.contains("/fgpu/b"), "{one}");
     // Every family is still described.
@@ -125,7 +131,7 @@ fn a_cgroup_gone_from_the_report_has_no_series() {
 #[test]
 fn hostile_cgroup_names_cannot_forge_series() {
     let evil = "/fgpu/x\"} 1\nfgpu_cgroup_alloc_denied_total{cgroup=\"/victim\"} 999\n#";
-    let text = encode(sample(vec![row(evil, 1, None, 0)]));
+    let text = encode(&sample(vec![row(evil, 1, None, 0)]));
     assert!(!text.contains("999\n"), "{text}");
     for line in series(&text) {
         assert!(line.starts_with("fgpu_") || line.is_empty(), "{line:?}");
@@ -246,7 +252,7 @@ fn per_gpu_limits_and_shares_are_series_per_gpu() {
     ];
     r.compute_share_pct = None;
     r.compute_share_gpus = [(u1.clone(), 30)].into();
-    let text = encode(sample(vec![r]));
+    let text = encode(&sample(vec![r]));
     let base = format!(r#"cgroup="{path}",Hostname="node-1""#);
     let on = |i: u32, u: &str| format!(r#"{base},gpu="{i}",UUID="{u}""#);
     for want in [
@@ -272,5 +278,150 @@ fn per_gpu_limits_and_shares_are_series_per_gpu() {
             !series(&text).iter().any(|l| l.starts_with(&absent)),
             "unexpected {absent} in\n{text}"
         );
+    }
+}
+
+/// The classic text (0.0.4) exposition of `s`.
+fn classic(s: &Sample) -> String {
+    super::families::encode(s, Format::Classic)
+}
+
+/// One sample: name, labels (sorted), value.
+type Sampled = (String, Vec<(String, String)>, String);
+
+/// Every sample of an exposition as (name, labels sorted, value), `le` read as a number (the
+/// encoders write bounds their own way: `0.0005` or `5e-4`).
+fn samples(text: &str) -> std::collections::BTreeSet<Sampled> {
+    series(text)
+        .into_iter()
+        .filter(|l| !l.is_empty())
+        .map(|line| {
+            let (head, value) = line.rsplit_once(' ').expect("name value");
+            let (name, labels) = match head.split_once('{') {
+                Some((n, rest)) => (n, rest.strip_suffix('}').expect("}")),
+                None => (head, ""),
+            };
+            let mut labels: Vec<(String, String)> = labels
+                .split("\",")
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    let (k, v) = p.split_once("=\"").expect("k=\"v\"");
+                    let v = v.trim_end_matches('"');
+                    let v = match (k, v.parse::<f64>()) {
+                        ("le", Ok(b)) => b.to_string(),
+                        _ => v.to_string(),
+                    };
+                    (k.to_string(), v)
+                })
+                .collect();
+            labels.sort();
+            let value: f64 = value.parse().unwrap_or_else(|_| panic!("a number: {line}"));
+            (name.to_string(), labels, value.to_string())
+        })
+        .collect()
+}
+
+/// `# TYPE` lines: (name, type).
+fn types(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|r| {
+            let (n, t) = r.split_once(' ').expect("# TYPE name type");
+            (n.to_string(), t.to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn the_classic_format_names_counters_and_infos_as_text_0_0_4_does() {
+    let path = "/fgpu/a";
+    let text = classic(&sample(vec![row(path, 3 << 30, Some(4 << 30), 9)]));
+    let base = format!(r#"cgroup="{path}",Hostname="node-1""#);
+    let uuid = "GPU-00000001-1111-2222-3333-444444444444";
+    let lines: Vec<&str> = text.lines().collect();
+    for want in [
+        "# TYPE fgpu_cgroup_alloc_denied_total counter".to_string(),
+        "# HELP fgpu_cgroup_alloc_denied_total Allocations the shims refused because they would have crossed the limit (the ledger's count)".to_string(),
+        format!("fgpu_cgroup_alloc_denied_total{{{base}}} 9"),
+        "# TYPE fgpu_ledger_gpu_time_seconds_total counter".to_string(),
+        format!(r#"fgpu_ledger_gpu_time_seconds_total{{ledger="/fgpu/a",gpu="1",UUID="{uuid}",Hostname="node-1"}} 1.5"#),
+        "# TYPE fgpu_cgroup_memory_used_bytes gauge".to_string(),
+        format!(r#"fgpu_cgroup_memory_used_bytes{{{base},gpu="1",UUID="{uuid}"}} 3221225472"#),
+        "# TYPE fgpu_gpu_info gauge".to_string(),
+        r#"fgpu_gpu_info{gpu="0",UUID="GPU-00000000-1111-2222-3333-444444444444",model_name="Simulated H200",Hostname="node-1"} 1"#.to_string(),
+        "# TYPE fgpu_compute_switch_seconds histogram".to_string(),
+        format!(r#"fgpu_compute_switch_seconds_bucket{{gpu="1",UUID="{uuid}",Hostname="node-1",le="0.001"}} 0"#),
+        format!(r#"fgpu_compute_switch_seconds_bucket{{gpu="1",UUID="{uuid}",Hostname="node-1",le="0.01"}} 1"#),
+        format!(r#"fgpu_compute_switch_seconds_bucket{{gpu="1",UUID="{uuid}",Hostname="node-1",le="+Inf"}} 1"#),
+        format!(r#"fgpu_compute_switch_seconds_sum{{gpu="1",UUID="{uuid}",Hostname="node-1"}} 0.004"#),
+        format!(r#"fgpu_compute_switch_seconds_count{{gpu="1",UUID="{uuid}",Hostname="node-1"}} 1"#),
+    ] {
+        assert!(lines.contains(&want.as_str()), "missing {want} in\n{text}");
+    }
+    for absent in [
+        "# EOF",
+        "# UNIT",
+        "_created",
+        "# TYPE fgpu_cgroup_alloc_denied counter",
+    ] {
+        assert!(!text.contains(absent), "{absent} in\n{text}");
+    }
+    // A family without series is left out: no cap here.
+    assert!(!text.contains("fgpu_cgroup_compute_cap_ratio"), "{text}");
+    // Each family once, and every sample named by its family (histograms: _bucket, _sum,
+    // _count), right after its descriptor.
+    let mut family = String::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            family = rest.split(' ').next().unwrap().to_string();
+            assert!(seen.insert(family.clone()), "{family} twice");
+        } else if !line.starts_with('#') {
+            let name = line.split(['{', ' ']).next().unwrap();
+            let ok = name == family
+                || ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .any(|s| name.strip_suffix(s) == Some(family.as_str()));
+            assert!(ok, "{name} under {family}");
+        }
+    }
+}
+
+#[test]
+fn both_formats_carry_the_same_series_and_families() {
+    let mut r = row(
+        &format!("/system.slice/docker-{ID}.scope"),
+        1 << 30,
+        None,
+        2,
+    );
+    r.compute_cap_pct = Some(50);
+    let s = sample(vec![r, row("/fgpu/b", 5, Some(9), 0)]);
+    let (om, cl) = (encode(&s), classic(&s));
+    assert!(om.ends_with("# EOF\n") && !cl.contains("# EOF"));
+    let (a, b) = (samples(&om), samples(&cl));
+    assert!(a.len() > 40, "{om}");
+    assert_eq!(a, b, "\nOpenMetrics:\n{om}\nclassic:\n{cl}");
+    // Every OpenMetrics family with series is a classic family, named as its samples are.
+    let classic_types = types(&cl);
+    for (name, ty) in types(&om) {
+        let (want, want_ty) = match ty.as_str() {
+            "counter" => (format!("{name}_total"), "counter"),
+            "info" => (format!("{name}_info"), "gauge"),
+            t => (name.clone(), t),
+        };
+        let has_series = a.iter().any(|(n, _, _)| n.starts_with(&name));
+        let found = classic_types.contains(&(want.clone(), want_ty.to_string()));
+        assert_eq!(found, has_series, "{name} ({ty}) -> {want} {want_ty}\n{cl}");
+    }
+}
+
+#[test]
+fn hostile_cgroup_names_cannot_forge_classic_series() {
+    let evil = "/fgpu/x\"} 1\nfgpu_cgroup_alloc_denied_total{cgroup=\"/victim\"} 999\n#";
+    let text = classic(&sample(vec![row(evil, 1, None, 0)]));
+    assert!(!text.contains("999\n"), "{text}");
+    for line in series(&text) {
+        assert!(line.starts_with("fgpu_"), "{line:?}");
     }
 }
