@@ -13,7 +13,7 @@ mod compute;
 mod containers;
 mod control;
 mod devmap;
-mod discovery;
+pub(crate) mod discovery;
 mod doors;
 mod enforce;
 mod events;
@@ -35,7 +35,7 @@ mod publisher;
 mod report;
 mod request;
 mod scm;
-mod server;
+pub(crate) mod server;
 mod shims;
 mod smi;
 mod targets;
@@ -355,7 +355,7 @@ async fn shutdown_signal() -> Result<()> {
 
 /// Where the simulated driver's libraries are: `$FGPU_SIM_DIR`, else `../sim` relative to
 /// this binary (`target/release/fgpu` → `target/sim`).
-fn sim_dir() -> Result<PathBuf> {
+pub(crate) fn sim_dir() -> Result<PathBuf> {
     let dir = match std::env::var_os("FGPU_SIM_DIR") {
         Some(d) => PathBuf::from(d),
         None => std::env::current_exe()?
