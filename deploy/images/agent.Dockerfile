@@ -15,6 +15,7 @@ ARG BASE_IMAGE=ubuntu:24.04
 FROM ${BUILD_IMAGE} AS build
 
 FROM ${BASE_IMAGE}
+# /usr/bin/fgpu, the shim, and fgpu's shell completions and man pages (under /usr/share).
 COPY --from=build /out/ /
 # The host's fgpu CLI and the CDI hook reach the admin socket; the agent serves callers in the
 # namespaces of host PID 1 (--host-process 1), having checked that it shares the host's PID,
