@@ -6,7 +6,8 @@
 //! names instead; `--ptsz` asks for per-thread-default-stream variants (flags = 2);
 //! `--export-table` launches (kernels and graphs) through the pointers of the driver's
 //! private launch table (`cuGetExportTable`, as the real runtime does) instead;
-//! `--strict` exits 1 if any step fails.
+//! `--strict` exits 1 if any step fails; `--error-names` ends every failure's line with the
+//! driver's name for its code (`cuGetErrorName`), e.g. `error=CUDA_ERROR_OUT_OF_MEMORY`.
 //!
 //! Commands (one output line each, flushed):
 //!   alloc SIZE | alloc-api {mem_alloc|pitch|managed|async|pool|vmm|array} SIZE
@@ -68,8 +69,14 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     out(format!("pid={}", std::process::id()));
     let mut i = 0;
-    let (mut path, mut direct, mut ptsz, mut strict, mut table) =
-        ("libcuda.so.1".to_string(), false, false, false, false);
+    let (mut path, mut direct, mut ptsz, mut strict, mut table, mut names) = (
+        "libcuda.so.1".to_string(),
+        false,
+        false,
+        false,
+        false,
+        false,
+    );
     while i < args.len() && args[i].starts_with("--") {
         match args[i].as_str() {
             "--lib" => {
@@ -80,6 +87,7 @@ fn main() {
             "--ptsz" => ptsz = true,
             "--strict" => strict = true,
             "--export-table" => table = true,
+            "--error-names" => names = true,
             other => {
                 out(format!("error unknown-option={other}"));
                 std::process::exit(2);
@@ -132,6 +140,18 @@ fn main() {
     if rc != 0 {
         std::process::exit(1);
     }
+    // Resolved only when asked for: a driver without it still runs everything else.
+    let error_name = if names {
+        let p = lib.resolve("cuGetErrorName", "cuGetErrorName");
+        if p.is_null() {
+            out("error missing=cuGetErrorName".into());
+            std::process::exit(2);
+        }
+        // SAFETY: cuGetErrorName(CUresult, const char**)'s documented C signature.
+        Some(unsafe { fn_ptr(p) })
+    } else {
+        None
+    };
     let mut d = Driver {
         api,
         ctx,
@@ -139,6 +159,7 @@ fn main() {
         allocs: Vec::new(),
         pool: 0,
         failed: false,
+        error_name,
     };
     let size_arg = |s: Option<&String>| s.and_then(|s| size::parse_size(s));
     let num_arg = |s: Option<&String>| s.and_then(|s| s.parse::<u64>().ok());

@@ -6,6 +6,7 @@ mod launch;
 mod memory;
 mod steps;
 
+use std::ffi::{CStr, c_char};
 use std::time::Instant;
 
 use crate::api::Api;
@@ -30,6 +31,8 @@ pub(crate) struct Driver {
     pub(crate) allocs: Vec<Alloc>,
     pub(crate) pool: usize,
     pub(crate) failed: bool,
+    /// `cuGetErrorName`, with `--error-names`: failures' lines end with ` error=NAME`.
+    pub(crate) error_name: Option<unsafe extern "C" fn(i32, *mut *const c_char) -> i32>,
 }
 
 impl Driver {
@@ -38,7 +41,10 @@ impl Driver {
             out(ok);
         } else {
             self.failed = true;
-            out(fail);
+            match self.error_name {
+                Some(name) => out(format!("{fail} error={}", error_name(name, rc))),
+                None => out(fail),
+            }
         }
     }
 
@@ -111,4 +117,16 @@ impl Driver {
             format!("sync fail rc={rc}"),
         );
     }
+}
+
+/// The driver's name for `rc` (`cuGetErrorName`), or `?` if it has none.
+fn error_name(name: unsafe extern "C" fn(i32, *mut *const c_char) -> i32, rc: i32) -> String {
+    let mut s: *const c_char = std::ptr::null();
+    // SAFETY: documented signature; a valid out-pointer. On success the driver gives a static
+    // NUL-terminated string.
+    if unsafe { name(rc, &mut s) } != 0 || s.is_null() {
+        return "?".into();
+    }
+    // SAFETY: non-null, NUL-terminated, static (checked above).
+    unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
 }
