@@ -58,10 +58,15 @@ enum Command {
     /// Kubernetes: the DRA kubelet plugin (driver fgpu.io) that turns ResourceClaims'
     /// consumed memory and compute into limits on their pods' cgroups (docs/kubernetes.md).
     KubeletPlugin(k8s::KubeletPluginArgs),
+    /// Check this node for what fgpu needs (kernel, cgroups, driver, NVML, the agent's
+    /// sockets, CDI spec, kubelet plugin) and say what is wrong and how to fix it.
+    #[command(long_about = cli::doctor::LONG_ABOUT)]
+    Doctor(cli::doctor::DoctorArgs),
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    // `Cli::parse()`, plus the hidden `fgpu generate` (completions, man pages) beside it.
+    let cli = cli::generate::parse();
     let result = match cli.command {
         Command::Agent(args) => agent::run(args),
         Command::Status(args) => cli::status::run(&args),
@@ -69,6 +74,10 @@ fn main() -> std::process::ExitCode {
         Command::Cdi(args) => cdi::run(&args),
         Command::Top(args) => cli::top::run(&args),
         Command::KubeletPlugin(args) => k8s::run(&args),
+        Command::Doctor(args) => match cli::doctor::run(&args) {
+            Ok(code) => return code,
+            Err(err) => Err(err),
+        },
         Command::Run(args) => match cli::run::run(&args) {
             Ok(code) => return code,
             Err(err) => Err(err),
