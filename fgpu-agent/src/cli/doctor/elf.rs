@@ -1,27 +1,20 @@
 //! Which symbols an ELF shared library defines: its `.dynsym` (what the dynamic linker and a
 //! uprobe by symbol name resolve) and `.symtab` where it was not stripped — the tables aya
-//! looks a uprobe's symbol up in. Only the section headers and the symbol and string tables
-//! are read (a driver library is tens of MiB), with positioned reads.
+//! looks a uprobe's symbol up in. Read with the `object` crate (the ELF reader aya itself
+//! uses) through a read cache: only the headers and the symbol and string tables are read
+//! from disk (a driver library is tens of MiB).
 
 use std::collections::BTreeSet;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-
-const SHT_SYMTAB: u32 = 2;
-const SHT_DYNSYM: u32 = 11;
-const SHN_UNDEF: u16 = 0;
-const SHDR_SIZE: usize = 64;
-const SYM_SIZE: usize = 24;
-/// No string or symbol table of a real library comes near this; a corrupt header might.
-const MAX_TABLE: u64 = 256 << 20;
+use object::read::{Object, ObjectSymbol, ReadCache};
 
 /// The names among `wanted` that `path` defines (not merely imports).
 pub fn defined<'a>(path: &Path, wanted: &[&'a str]) -> Result<Vec<&'a str>> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let names = defined_names(&file).with_context(|| format!("reading {}", path.display()))?;
+    let names = defined_names(file).with_context(|| format!("reading {}", path.display()))?;
     Ok(wanted
         .iter()
         .copied()
@@ -29,78 +22,40 @@ pub fn defined<'a>(path: &Path, wanted: &[&'a str]) -> Result<Vec<&'a str>> {
         .collect())
 }
 
-fn defined_names(file: &File) -> Result<BTreeSet<Vec<u8>>> {
-    let mut ehdr = [0u8; 64];
-    file.read_exact_at(&mut ehdr, 0)
-        .context("too short for an ELF header")?;
-    if ehdr[..4] != *b"\x7fELF" {
+fn defined_names(file: File) -> Result<BTreeSet<Vec<u8>>> {
+    let cache = ReadCache::new(file);
+    let mut magic = [0u8; 4];
+    match object::ReadRef::read_bytes_at(&cache, 0, 4) {
+        Ok(b) => magic.copy_from_slice(b),
+        Err(()) => bail!("too short for an ELF header"),
+    }
+    if magic != *b"\x7fELF" {
         bail!("not an ELF file");
     }
-    if ehdr[4] != 2 || ehdr[5] != 1 {
-        bail!("not a 64-bit little-endian ELF file");
-    }
-    let shoff = u64_at(&ehdr, 0x28);
-    let shentsize = usize::from(u16_at(&ehdr, 0x3a));
-    let shnum = usize::from(u16_at(&ehdr, 0x3c));
-    if shnum == 0 || shentsize < SHDR_SIZE {
-        bail!("no section headers");
-    }
-    let mut shdrs = vec![0u8; shnum * shentsize];
-    file.read_exact_at(&mut shdrs, shoff)
-        .context("section headers cut short")?;
-    let section = |i: usize| &shdrs[i * shentsize..i * shentsize + SHDR_SIZE];
+    let obj =
+        object::File::parse(&cache).map_err(|e| anyhow::anyhow!("not a readable ELF file: {e}"))?;
     let mut names = BTreeSet::new();
-    for i in 0..shnum {
-        let sh = section(i);
-        let kind = u32_at(sh, 4);
-        if kind != SHT_DYNSYM && kind != SHT_SYMTAB {
+    for sym in obj.symbols().chain(obj.dynamic_symbols()) {
+        if sym.is_undefined() {
             continue;
         }
-        let link = u32_at(sh, 40) as usize;
-        if link >= shnum {
-            bail!("symbol table {i} links to section {link}, which does not exist");
-        }
-        let syms = read_table(file, sh)?;
-        let strtab = read_table(file, section(link))?;
-        for sym in syms.chunks_exact(SYM_SIZE) {
-            let name_at = u32_at(sym, 0) as usize;
-            if u16_at(sym, 6) == SHN_UNDEF || name_at == 0 || name_at >= strtab.len() {
-                continue;
-            }
-            let rest = &strtab[name_at..];
-            let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-            names.insert(rest[..end].to_vec());
+        if let Ok(name) = sym.name_bytes()
+            && !name.is_empty()
+        {
+            names.insert(name.to_vec());
         }
     }
     Ok(names)
 }
 
-fn read_table(file: &File, sh: &[u8]) -> Result<Vec<u8>> {
-    let (offset, size) = (u64_at(sh, 24), u64_at(sh, 32));
-    if size > MAX_TABLE {
-        bail!("a table of {size} bytes: not a library this check reads");
-    }
-    let mut buf = vec![0u8; size as usize];
-    file.read_exact_at(&mut buf, offset)
-        .context("a symbol or string table cut short")?;
-    Ok(buf)
-}
-
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
-}
-
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
-}
-
 #[cfg(test)]
 pub mod tests {
     use super::*;
+
+    const SHT_DYNSYM: u32 = 11;
+    const SHN_UNDEF: u16 = 0;
+    const SHDR_SIZE: usize = 64;
+    const SYM_SIZE: usize = 24;
 
     /// A minimal ELF64 shared object whose `.dynsym` defines `defined` and imports
     /// `imported` (section index 0), for tests of the checks that read symbols.
@@ -131,6 +86,7 @@ pub mod tests {
         out[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
         out[0x3a..0x3c].copy_from_slice(&(SHDR_SIZE as u16).to_le_bytes());
         out[0x3c..0x3e].copy_from_slice(&3u16.to_le_bytes());
+        out[0x3e..0x40].copy_from_slice(&2u16.to_le_bytes()); // section names: the string table
         out.extend_from_slice(&syms);
         out.extend_from_slice(&strtab);
         let shdr = |kind: u32, offset: u64, size: u64, link: u32| {
