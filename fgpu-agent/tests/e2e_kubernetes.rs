@@ -9,12 +9,15 @@
 mod common;
 mod k8s;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common::{Agent, Cgroup, Load, SimState, privileged, sim_dir, unique};
+use fgpu_kubelet_api::dra::v1 as dra;
 use k8s::apiserver::ApiServer;
+use k8s::dra_manager::DraManager;
 use k8s::kubelet;
 use k8s::plugin::{Plugin, PluginDirs, Tree, claim_json, claim_path, limit_of, limits, rt};
 
@@ -23,6 +26,8 @@ const POD_A: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000a";
 const POD_B: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000b";
 /// A pod that starts sharing claim A after it was prepared.
 const POD_C: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000c";
+/// A pod whose claim the API server does not have.
+const POD_GHOST: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000d";
 const CLAIM_A: &str = "7d1e0c2a-1111-4c8e-9f00-00000000000a";
 const CLAIM_B: &str = "7d1e0c2a-2222-4c8e-9f00-00000000000b";
 
@@ -117,12 +122,33 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     assert_eq!(slice["metadata"]["ownerReferences"][0]["kind"], "Node");
     validate_slice(body);
 
-    // Prepare both claims.
+    // Prepare both claims, as a kubelet starting pods A and B does (one call per pod).
     let claims = vec![
         kubelet::claim("team-a", "a", CLAIM_A),
         kubelet::claim("team-a", "b", CLAIM_B),
     ];
-    let resp = rt.block_on(kubelet::prepare(&plugin.dra_sock, claims.clone()));
+    let mut kdra = DraManager::new(&plugin.dra_sock);
+    let mut prepared = BTreeMap::new();
+    for (pod, claim) in [(POD_A, &claims[..1]), (POD_B, &claims[1..])] {
+        let devices = rt
+            .block_on(kdra.prepare_pod(pod, claim))
+            .unwrap_or_else(|e| panic!("pod {pod} not started: {e}\n{}", plugin.log_text()));
+        prepared.extend(devices);
+    }
+    assert_eq!(kdra.prepare_calls, 2);
+    let resp = dra::NodePrepareResourcesResponse {
+        claims: prepared
+            .iter()
+            .map(|(uid, devices)| {
+                let devices = devices.clone();
+                let r = dra::NodePrepareResourceResponse {
+                    devices,
+                    error: String::new(),
+                };
+                (uid.clone(), r)
+            })
+            .collect(),
+    };
     for uid in [CLAIM_A, CLAIM_B] {
         let r = &resp.claims[uid];
         assert_eq!(r.error, "", "{}", plugin.log_text());
@@ -161,6 +187,12 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     // as it did pod A.
     let c_cg = format!("/{base}/kubepods/besteffort/pod{POD_C}");
     assert_eq!(limit_of(&agent, &c_cg), None);
+    let c_devices = rt.block_on(kdra.prepare_pod(POD_C, &claims[..1])).unwrap();
+    assert_eq!(
+        kdra.prepare_calls, 2,
+        "claim A is prepared on the node: no call"
+    );
+    assert_eq!(c_devices[CLAIM_A], prepared[CLAIM_A]);
     let one = format!(r#"{{"resource":"pods","name":"pod-a","uid":"{POD_A}"}}"#);
     let shared = claim_json(CLAIM_A, "a", "8Gi", "30", POD_A).replace(
         &one,
@@ -335,6 +367,7 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     api.remove(&claim_path("a"));
     api.remove(&claim_path("b"));
     let plugin = Plugin::start(&dirs, &agent, &api, &format!("/{base}"));
+    kdra.redial(&plugin.dra_sock);
     let again = rt.block_on(kubelet::prepare(&plugin.dra_sock, claims.clone()));
     assert_eq!(again, resp, "{}", plugin.log_text());
     // A 1.33 kubelet's call (the v1beta1 service) gets the same answer.
@@ -347,22 +380,36 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
     );
     assert_eq!(limit_of(&agent, &b_cg), Some((Some(4 * GIB), Some(70))));
 
-    // A claim the API server does not have is refused with a reason, the others untouched.
-    let missing = rt.block_on(kubelet::prepare(
-        &plugin.dra_sock,
-        vec![kubelet::claim(
-            "team-a",
-            "ghost",
-            "7d1e0c2a-3333-4c8e-9f00-00000000000c",
-        )],
-    ));
-    let err = &missing.claims["7d1e0c2a-3333-4c8e-9f00-00000000000c"].error;
-    assert!(
-        err.contains("team-a/ghost") && err.contains("API server"),
-        "{err}"
-    );
+    // A claim the API server does not have is refused with a reason, the others untouched:
+    // the kubelet does not start its pod, and calls the plugin again at the next try.
+    let ghost = kubelet::claim("team-a", "ghost", "7d1e0c2a-3333-4c8e-9f00-00000000000c");
+    for attempt in 1..=2 {
+        let err = rt
+            .block_on(kdra.prepare_pod(POD_GHOST, std::slice::from_ref(&ghost)))
+            .unwrap_err();
+        assert!(
+            err.starts_with("NodePrepareResources failed for claim team-a/ghost: ")
+                && err.contains("team-a/ghost")
+                && err.contains("API server"),
+            "{err}"
+        );
+        assert_eq!(kdra.prepare_calls, 2 + attempt);
+    }
+    assert_eq!(kdra.prepared(), [CLAIM_A, CLAIM_B]);
+    assert_eq!(limit_of(&agent, &a_cg), Some((Some(8 * GIB), Some(30))));
 
     drop((la1, la2, lb1));
+    // Pod C goes first: claim A is still pod A's, so the kubelet does not unprepare it.
+    rt.block_on(kdra.unprepare_pod(POD_C)).unwrap();
+    assert_eq!(kdra.unprepare_calls, 0);
+    assert_eq!(limit_of(&agent, &a_cg), Some((Some(8 * GIB), Some(30))));
+    // Then pods A and B: one call each, after which the claims are gone from the node.
+    for pod in [POD_A, POD_B] {
+        rt.block_on(kdra.unprepare_pod(pod))
+            .unwrap_or_else(|e| panic!("{e}\n{}", plugin.log_text()));
+    }
+    assert_eq!(kdra.unprepare_calls, 2);
+    assert!(kdra.prepared().is_empty());
     // Unprepare removes the limits and the CDI specs; again (over v1beta1), it is a no-op.
     for beta in [false, true] {
         let errors: std::collections::HashMap<String, String> = if beta {
