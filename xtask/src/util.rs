@@ -32,7 +32,17 @@ pub fn exec(cmd: &mut Command) -> Result<()> {
 
 /// Prints a step header, the way every task reports progress.
 pub fn step(what: &str) {
-    println!("\n==> {what}");
+    println!("\n==> [{}] {what}", elapsed());
+}
+
+/// Time since this xtask started, `m:ss` (so that a CI log shows where its minutes go).
+fn elapsed() -> String {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let s = START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs();
+    format!("{}:{:02}", s / 60, s % 60)
 }
 
 pub fn is_root() -> bool {
