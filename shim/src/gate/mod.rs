@@ -39,10 +39,10 @@ use driver::CUDA_SUCCESS;
 use fgpu_common::ledger::MAX_DEVICES;
 
 /// A batch closes once this much host time has passed since its first launch...
-/// (4 ms since 2026-12-04: with 1 ms a CPU-bound ResNet-18 step on the H200 did 0.94 of its
-/// ungated rate gated and alone, with 4 ms 0.976 — fewer timing events and driver calls per
-/// step; docs/benchmarks.md, fifth round)
-pub const BATCH_HOST_NS: u64 = 4_000_000;
+/// (4 ms was tried on the H200 on 2026-12-04: half the timing events per launch, but the
+/// gated ResNet-18 step's rate moved within the measurement's noise and the decoder next to
+/// it did worse in both runs; docs/benchmarks.md, fifth round. `FGPU_GATE_BATCH_US` sets it.)
+pub const BATCH_HOST_NS: u64 = 1_000_000;
 /// ...or once its launches are estimated at this much GPU time (or half the controller's
 /// queue bound, if that is less).
 pub const BATCH_GPU_NS: i64 = 2_000_000;

@@ -1,6 +1,6 @@
 //! Overrides of the batch sizes, for experiments on a GPU only (docs/compute.md, "Seeing what
 //! the turns cost"): `FGPU_GATE_BATCH_US` — host time after which a batch closes (default
-//! [`BATCH_HOST_NS`] = 4000 µs) — and `FGPU_GATE_BATCH_GPU_US` — estimated GPU time at which it
+//! [`BATCH_HOST_NS`] = 1000 µs) — and `FGPU_GATE_BATCH_GPU_US` — estimated GPU time at which it
 //! closes (default [`BATCH_GPU_NS`] = 2000 µs; a queue bound still halves it). 100 to 100000
 //! µs; anything else is ignored with one line. Fewer batches mean fewer timing events (and
 //! their driver calls) per step, at the price of coarser settlement. They change only how this
