@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::{Agent, Cgroup, Load, SimState, privileged, sim_dir, unique};
 use fgpu_kubelet_api::dra::v1 as dra;
+use fgpu_kubelet_api::stand_in::dra_manager::DraManager;
 use k8s::apiserver::ApiServer;
-use k8s::dra_manager::DraManager;
 use k8s::kubelet;
 use k8s::plugin::{Plugin, PluginDirs, Tree, claim_json, claim_path, limit_of, limits, rt};
 

@@ -41,3 +41,5 @@ pub const DRA_V1BETA1_VERSION: &str = "v1beta1.DRAPlugin";
 pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
 /// `RegisterRequest.version` of a v1beta1 device plugin.
 pub const DEVICE_PLUGIN_VERSION: &str = "v1beta1";
+
+pub mod stand_in;

@@ -15,6 +15,7 @@ CG=$(awk '$9=="cgroup2"{print $5; exit}' /proc/self/mountinfo)
 BASE=fgpu-k8s-$$
 POD_A=0c3d6f1e-2b4a-4c8e-9f00-00000000000a
 POD_B=0c3d6f1e-2b4a-4c8e-9f00-00000000000b
+POD_C=0c3d6f1e-2b4a-4c8e-9f00-00000000000c
 CLAIM_A=7d1e0c2a-1111-4c8e-9f00-00000000000a
 CLAIM_B=7d1e0c2a-2222-4c8e-9f00-00000000000b
 A_POD=$BASE/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod${POD_A//-/_}.slice
@@ -81,7 +82,16 @@ plugin
 timeout 10 "$KUBELET" register "$WORK/plugins_registry/fgpu.io-reg.sock" | tee "$OUT/register.json"
 row "registration: $(cat "$OUT/register.json")"
 row "slice: $("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1]))["spec"]["devices"][0]; print(d["name"], d["attributes"]["productName"]["string"], "memory", d["capacity"]["memory"]["value"], "compute", d["capacity"]["compute"]["value"], "multi", d["allowMultipleAllocations"])' "$API/patched/node-1-fgpu.io.json" 2>&1)"
-timeout 20 "$KUBELET" prepare "$WORK/plugins/fgpu.io/dra.sock" "team-a/a/$CLAIM_A" "team-a/b/$CLAIM_B" | tee "$OUT/prepare.json"
+# The pods start as a kubelet starts them (its DRA manager: one prepare per pod whose claims
+# are not prepared on the node yet; STATE is its claim cache between the commands).
+DRA=$WORK/plugins/fgpu.io/dra.sock
+STATE=$WORK/dra-manager.json
+for p in "$POD_A team-a/a/$CLAIM_A" "$POD_B team-a/b/$CLAIM_B" "$POD_C team-a/a/$CLAIM_A"; do
+  # shellcheck disable=SC2086
+  timeout 20 "$KUBELET" start-pod "$STATE" "$DRA" $p | tee -a "$OUT/start-pods.json"
+done
+row "pods started: $("$PY" -c 'import json,sys; print("; ".join("%s %s prepare calls %d" % (d["pod"][-1], "started" if d.get("started") else "NOT started: " + d.get("error", "?"), d["calls"]["prepare_calls"]) for d in map(json.loads, open(sys.argv[1]))))' "$OUT/start-pods.json" 2>&1) (want a 1, b 1, c 0: claim a is prepared already)"
+timeout 20 "$KUBELET" prepare "$DRA" "team-a/a/$CLAIM_A" "team-a/b/$CLAIM_B" > "$OUT/prepare.json"
 "$FGPU" limit ls --socket "$ADMIN" | tee "$OUT/limits-prepared.txt"
 while read -r cg mem cpu _; do row "limit: ${cg##*/} memory $mem compute $cpu"; done < <(grep kubepods "$OUT/limits-prepared.txt")
 
@@ -111,7 +121,10 @@ timeout 20 "$KUBELET" prepare "$WORK/plugins/fgpu.io/dra.sock" "team-a/a/$CLAIM_
 if diff <(sort "$OUT/prepare.json") <(sort "$OUT/prepare-again.json") >/dev/null; then row "restart: prepare again = same answer"; else row "restart: DIFFERENT answer (see prepare-again.json)"; fi
 "$FGPU" limit ls --socket "$ADMIN" > "$OUT/limits-restarted.txt"
 if diff -q "$OUT/limits-prepared.txt" "$OUT/limits-restarted.txt" >/dev/null; then row "restart: limits unchanged"; else row "restart: limits CHANGED"; fi
-timeout 20 "$KUBELET" unprepare "$WORK/plugins/fgpu.io/dra.sock" "team-a/a/$CLAIM_A" "team-a/b/$CLAIM_B" | tee "$OUT/unprepare.json"
+for p in "$POD_C" "$POD_A" "$POD_B"; do
+  timeout 20 "$KUBELET" stop-pod "$STATE" "$DRA" "$p" | tee -a "$OUT/stop-pods.json"
+done
+row "pods stopped: $("$PY" -c 'import json,sys; print("; ".join("%s unprepare calls %d" % (d["pod"][-1], d["calls"]["unprepare_calls"]) for d in map(json.loads, open(sys.argv[1]))))' "$OUT/stop-pods.json" 2>&1) (want c 0, a 1, b 1)"
 "$FGPU" limit ls --socket "$ADMIN" > "$OUT/limits-unprepared.txt"
 if grep -q "pod$POD_B\|${POD_A//-/_}" "$OUT/limits-unprepared.txt"; then row "unprepare: limits STILL THERE"; else row "unprepare: pod limits removed"; fi
 

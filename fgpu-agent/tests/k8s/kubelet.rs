@@ -2,24 +2,14 @@
 //! real gRPC APIs (clients generated from the same .proto files as the plugin's servers), on
 //! the plugin's Unix sockets.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use fgpu_kubelet_api::dra::v1 as dra;
 use fgpu_kubelet_api::pluginregistration as reg;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub async fn channel(path: &Path) -> Channel {
-    let path: PathBuf = path.to_path_buf();
-    Endpoint::try_from("http://[::]:0")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let p = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(p).await?,
-                ))
-            }
-        }))
+    fgpu_kubelet_api::stand_in::channel(path)
         .await
         .expect("connecting to the plugin's socket")
 }

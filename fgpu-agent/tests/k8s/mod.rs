@@ -2,7 +2,6 @@
 #![allow(dead_code)]
 
 pub mod apiserver;
-pub mod dra_manager;
 pub mod kubelet;
 pub mod plugin;
 pub mod validate;

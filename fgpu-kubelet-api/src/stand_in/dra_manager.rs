@@ -1,4 +1,4 @@
-//! The kubelet's DRA manager as a plugin meets it, for the end-to-end tests. It follows
+//! The kubelet's DRA manager as a plugin meets it, for tests and `fgpu-test-kubelet`. It follows
 //! kubernetes/kubernetes pkg/kubelet/cm/dra/manager.go (`PrepareResources`,
 //! `UnprepareResources`) and its claim-info cache (claiminfo.go):
 //!
@@ -16,13 +16,16 @@
 //!   that succeeds.
 //!
 //! The messages are upstream's (`NodePrepareResources failed for claim NS/NAME: ERR`, ...).
+//! The cache can be saved to a file and loaded again, as the kubelet checkpoints it
+//! (pkg/kubelet/cm/dra/state), so that one-shot commands act as one kubelet.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use fgpu_kubelet_api::dra::v1 as dra;
+use serde_json::{Value, json};
 
-use super::kubelet::channel;
+use super::channel;
+use crate::dra::v1 as dra;
 
 /// One claim in the cache: who uses it, and what its prepare answered.
 struct ClaimInfo {
@@ -73,28 +76,18 @@ impl DraManager {
         }
         if !todo.is_empty() {
             self.prepare_calls += 1;
-            let mut client =
-                dra::dra_plugin_client::DraPluginClient::new(channel(&self.sock).await);
-            let resp = client
+            const CALL: &str = "NodePrepareResources";
+            let ch = channel(&self.sock)
+                .await
+                .map_err(|e| format!("{CALL} failed: {e}"))?;
+            let resp = dra::dra_plugin_client::DraPluginClient::new(ch)
                 .node_prepare_resources(dra::NodePrepareResourcesRequest {
                     claims: todo.clone(),
                 })
                 .await
-                .map_err(|s| format!("NodePrepareResources failed: {s}"))?
+                .map_err(|s| format!("{CALL} failed: {s}"))?
                 .into_inner();
-            for (uid, r) in &resp.claims {
-                let Some(req) = todo.iter().find(|c| c.uid == *uid) else {
-                    return Err(format!(
-                        "NodePrepareResources returned result for unknown claim UID {uid}"
-                    ));
-                };
-                if !r.error.is_empty() {
-                    return Err(format!(
-                        "NodePrepareResources failed for claim {}/{}: {}",
-                        req.namespace, req.name, r.error
-                    ));
-                }
-            }
+            check(CALL, &todo, resp.claims.iter().map(|(u, r)| (u, &r.error)))?;
             for (uid, r) in resp.claims {
                 let claim = todo.iter().find(|c| c.uid == uid).cloned().expect("asked");
                 self.cache.insert(
@@ -111,7 +104,7 @@ impl DraManager {
                 .filter(|c| !self.cache.contains_key(&c.uid))
                 .count();
             if left != 0 {
-                return Err(format!("NodePrepareResources left out {left} claims"));
+                return Err(format!("{CALL} left out {left} claims"));
             }
         }
         Ok(claims
@@ -137,31 +130,24 @@ impl DraManager {
             return Ok(());
         }
         self.unprepare_calls += 1;
-        let mut client = dra::dra_plugin_client::DraPluginClient::new(channel(&self.sock).await);
-        let resp = client
+        const CALL: &str = "NodeUnprepareResources";
+        let ch = channel(&self.sock)
+            .await
+            .map_err(|e| format!("{CALL} failed: {e}"))?;
+        let resp = dra::dra_plugin_client::DraPluginClient::new(ch)
             .node_unprepare_resources(dra::NodeUnprepareResourcesRequest {
                 claims: todo.clone(),
             })
             .await
-            .map_err(|s| format!("NodeUnprepareResources failed: {s}"))?
+            .map_err(|s| format!("{CALL} failed: {s}"))?
             .into_inner();
-        for (uid, r) in &resp.claims {
-            let Some(req) = todo.iter().find(|c| c.uid == *uid) else {
-                return Err(format!(
-                    "NodeUnprepareResources returned result for unknown claim UID {uid}"
-                ));
-            };
-            if !r.error.is_empty() {
-                return Err(format!(
-                    "NodeUnprepareResources failed for claim {}/{}: {}",
-                    req.namespace, req.name, r.error
-                ));
-            }
+        check(CALL, &todo, resp.claims.iter().map(|(u, r)| (u, &r.error)))?;
+        for uid in resp.claims.keys() {
             self.cache.remove(uid);
         }
         let left = todo.len() - resp.claims.len();
         if left != 0 {
-            return Err(format!("NodeUnprepareResources left out {left} claims"));
+            return Err(format!("{CALL} left out {left} claims"));
         }
         Ok(())
     }
@@ -170,4 +156,92 @@ impl DraManager {
     pub fn prepared(&self) -> Vec<String> {
         self.cache.keys().cloned().collect()
     }
+
+    /// The cache as JSON (the kubelet's checkpoint of its claim infos, in our own layout).
+    pub fn save(&self) -> Value {
+        let claims: Vec<Value> = self
+            .cache
+            .values()
+            .map(|i| {
+                let devices: Vec<Value> = i
+                    .devices
+                    .iter()
+                    .map(|d| {
+                        json!({"requests": d.request_names, "pool": d.pool_name,
+                               "device": d.device_name, "cdi": d.cdi_device_ids})
+                    })
+                    .collect();
+                json!({"namespace": i.claim.namespace, "name": i.claim.name, "uid": i.claim.uid,
+                       "pods": i.pods, "devices": devices})
+            })
+            .collect();
+        json!({ "claims": claims })
+    }
+
+    /// A manager on `dra_sock` with the cache `state` (from [`save`](Self::save)).
+    pub fn load(dra_sock: &Path, state: &Value) -> Result<Self, String> {
+        let mut m = Self::new(dra_sock);
+        let bad = || "not a saved DRA manager state".to_string();
+        let strs = |v: &Value| -> Result<Vec<String>, String> {
+            v.as_array()
+                .ok_or_else(bad)?
+                .iter()
+                .map(|s| s.as_str().map(str::to_string).ok_or_else(bad))
+                .collect()
+        };
+        let text = |v: &Value, k: &str| v[k].as_str().map(str::to_string).ok_or_else(bad);
+        for c in state["claims"].as_array().ok_or_else(bad)? {
+            let claim = dra::Claim {
+                namespace: text(c, "namespace")?,
+                name: text(c, "name")?,
+                uid: text(c, "uid")?,
+            };
+            let devices = c["devices"]
+                .as_array()
+                .ok_or_else(bad)?
+                .iter()
+                .map(|d| {
+                    Ok(dra::Device {
+                        request_names: strs(&d["requests"])?,
+                        pool_name: text(d, "pool")?,
+                        device_name: text(d, "device")?,
+                        cdi_device_ids: strs(&d["cdi"])?,
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            let pods = strs(&c["pods"])?.into_iter().collect();
+            m.cache.insert(
+                claim.uid.clone(),
+                ClaimInfo {
+                    claim,
+                    pods,
+                    devices,
+                },
+            );
+        }
+        Ok(m)
+    }
+}
+
+/// The kubelet's checks of a plugin's answer to `call` for the claims `asked`: a result for a
+/// claim it did not ask for, or any claim's error, fails the whole call (upstream's messages).
+fn check<'a>(
+    call: &str,
+    asked: &[dra::Claim],
+    results: impl Iterator<Item = (&'a String, &'a String)>,
+) -> Result<(), String> {
+    for (uid, error) in results {
+        let Some(req) = asked.iter().find(|c| c.uid == *uid) else {
+            return Err(format!(
+                "{call} returned result for unknown claim UID {uid}"
+            ));
+        };
+        if !error.is_empty() {
+            return Err(format!(
+                "{call} failed for claim {}/{}: {error}",
+                req.namespace, req.name
+            ));
+        }
+    }
+    Ok(())
 }
