@@ -29,6 +29,7 @@ use super::gpus::Gpus;
 use super::ledgers::{CgroupLedger, Ledgers};
 
 pub use self::sched::TICK;
+pub use self::switches::Gaps;
 /// The tick while no device is gated (an idle node costs 20 wake-ups a second).
 pub const IDLE_TICK: Duration = Duration::from_millis(50);
 /// How often NVML's device utilisation is read while a device is gated (tens of µs a call).

@@ -10,8 +10,6 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use prometheus_client::metrics::histogram::Histogram;
-
 use super::sched::{MAX_DRAIN_NS, TICK, TenantId};
 
 /// Upper bounds of the histogram's buckets, seconds.
@@ -22,10 +20,61 @@ pub const BUCKETS: [f64; 9] = [
 /// Devices followed at most (keys come from the ledgers' pages: bounded whatever they say).
 const MAX_DEVICES: usize = 64;
 
+/// A histogram's figures, kept by the controller's side in plain numbers (the metrics write
+/// them in either exposition format; prometheus-client keeps a histogram's buckets to itself).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gaps {
+    /// Upper bounds of the buckets, seconds, ascending (`+Inf` after them).
+    bounds: &'static [f64],
+    /// Observations per bucket (not cumulative), the last one past every bound.
+    per_bucket: Vec<u64>,
+    pub sum: f64,
+    pub count: u64,
+}
+
+impl Gaps {
+    pub fn new(bounds: &'static [f64]) -> Gaps {
+        Gaps {
+            bounds,
+            per_bucket: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
+    }
+
+    /// One observation of `secs` (in the first bucket whose bound is at least it).
+    pub fn observe(&mut self, secs: f64) {
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(self.bounds.len());
+        self.per_bucket[i] += 1;
+        self.sum += secs;
+        self.count += 1;
+    }
+
+    /// (upper bound, cumulative count), ascending, the last bound `+Inf`: as the exposition
+    /// formats write a histogram's buckets.
+    pub fn cumulative(&self) -> Vec<(f64, u64)> {
+        let mut acc = 0;
+        self.bounds
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(&self.per_bucket)
+            .map(|(b, n)| {
+                acc += n;
+                (b, acc)
+            })
+            .collect()
+    }
+}
+
 /// Turn switches per device (by the device's uuid key).
 #[derive(Debug, Default)]
 pub struct SwitchStats {
-    by_device: Mutex<HashMap<u64, Histogram>>,
+    by_device: Mutex<HashMap<u64, Gaps>>,
 }
 
 impl SwitchStats {
@@ -49,12 +98,12 @@ impl SwitchStats {
             return;
         }
         by.entry(key)
-            .or_insert_with(|| Histogram::new(BUCKETS))
+            .or_insert_with(|| Gaps::new(&BUCKETS))
             .observe(gap_ns as f64 / 1e9);
     }
 
     /// The histograms, by device uuid key.
-    pub fn all(&self) -> Vec<(u64, Histogram)> {
+    pub fn all(&self) -> Vec<(u64, Gaps)> {
         let by = self.by_device.lock().expect("switch stats lock");
         by.iter().map(|(k, h)| (*k, h.clone())).collect()
     }
@@ -64,20 +113,27 @@ impl SwitchStats {
 mod tests {
     use super::*;
 
-    /// (sum, count) of the one device's histogram, as the exposition says them.
+    /// (sum, count) of the one device's histogram.
     fn count(s: &SwitchStats) -> (f64, u64) {
-        let mut registry = prometheus_client::registry::Registry::default();
-        for (_, h) in s.all() {
-            registry.register("switch", "switches", h);
+        s.all().first().map_or((0.0, 0), |(_, g)| (g.sum, g.count))
+    }
+
+    #[test]
+    fn buckets_are_cumulative_and_end_at_infinity() {
+        let mut g = Gaps::new(&[0.001, 0.01, 0.1]);
+        for v in [0.0005, 0.001, 0.004, 0.05, 3.0] {
+            g.observe(v);
         }
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        let value = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .map_or(0.0, |v| v.trim().parse::<f64>().unwrap())
-        };
-        (value("switch_sum "), value("switch_count ") as u64)
+        assert_eq!(
+            g.cumulative(),
+            vec![(0.001, 2), (0.01, 3), (0.1, 4), (f64::INFINITY, 5)]
+        );
+        assert_eq!(g.count, 5);
+        assert!((g.sum - 3.0555).abs() < 1e-12, "{}", g.sum);
+        assert_eq!(
+            Gaps::new(&[0.5]).cumulative(),
+            vec![(0.5, 0), (f64::INFINITY, 0)]
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!
 //! Names, types and labels are documented in docs/observability.md; keep the two in step.
 
-use prometheus_client::metrics::histogram::Histogram;
+use crate::agent::compute::Gaps;
 use std::collections::BTreeMap;
 
 use super::labels;
@@ -42,7 +42,7 @@ pub struct Sample {
     pub shims: usize,
     pub ledger_devices: Vec<LedgerDevice>,
     /// Turn switches per GPU (NVML index): the time the device went without a holder.
-    pub switches: Vec<(u32, Histogram)>,
+    pub switches: Vec<(u32, Gaps)>,
     pub ready: bool,
 }
 
@@ -346,14 +346,10 @@ impl Families<'_> {
             "GPU time the ledger's shims measured on the device (gated launches)",
         )
         .counters(out, per_device(|d| d.gpu_time_s));
-        let switches = self.0.switches.iter().filter_map(|(gpu, h)| {
-            let Some(snap) = HistogramSnapshot::of(h) else {
-                tracing::error!(gpu, "metrics: cannot read the switch histogram back");
-                return None;
-            };
+        let switches = self.0.switches.iter().map(|(gpu, g)| {
             let mut l = self.gpu(*gpu);
             l.extend(self.host());
-            Some((l, snap))
+            (l, HistogramSnapshot::of(g))
         });
         seconds(
             "compute_switch",

@@ -2,7 +2,7 @@
 //! then written by either encoder ([`super::openmetrics`], [`super::classic`]), so that the
 //! two formats always say the same thing.
 
-use prometheus_client::metrics::histogram::Histogram;
+use crate::agent::compute::Gaps;
 
 /// Every name starts with this.
 pub const PREFIX: &str = "fgpu";
@@ -77,40 +77,13 @@ pub struct HistogramSnapshot {
 }
 
 impl HistogramSnapshot {
-    /// The figures of `h`. prometheus-client (0.24, and 0.25 still) keeps a histogram's bucket
-    /// counts to itself (`Histogram::get` is crate-private): its own encoder is the one public
-    /// way to read them, so they are read back from the exposition of `h` alone (one lock:
-    /// sum, count and buckets agree). `None` if that exposition is not what it writes.
-    pub fn of(h: &Histogram) -> Option<HistogramSnapshot> {
-        let mut registry = prometheus_client::registry::Registry::default();
-        registry.register("h", "", h.clone());
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &registry).ok()?;
-        let (mut sum, mut count, mut buckets) = (None, None, Vec::new());
-        for line in text.lines().filter(|l| !l.starts_with('#')) {
-            let (name, value) = line.rsplit_once(' ')?;
-            if name == "h_sum" {
-                sum = Some(value.parse().ok()?);
-            } else if name == "h_count" {
-                count = Some(value.parse().ok()?);
-            } else {
-                let le = name.strip_prefix("h_bucket{le=\"")?.strip_suffix("\"}")?;
-                let le = if le == "+Inf" {
-                    f64::INFINITY
-                } else {
-                    le.parse().ok()?
-                };
-                buckets.push((le, value.parse().ok()?));
-            }
+    /// The figures of the controller's histogram `g` now.
+    pub fn of(g: &Gaps) -> HistogramSnapshot {
+        HistogramSnapshot {
+            sum: g.sum,
+            count: g.count,
+            buckets: g.cumulative(),
         }
-        let snap = HistogramSnapshot {
-            sum: sum?,
-            count: count?,
-            buckets,
-        };
-        let ascending = snap.buckets.windows(2).all(|w| w[0] < w[1]);
-        let last = snap.buckets.last()?;
-        (ascending && *last == (f64::INFINITY, snap.count)).then_some(snap)
     }
 }
 
@@ -120,28 +93,19 @@ mod tests {
 
     #[test]
     fn a_snapshot_has_the_histograms_figures_and_keeps_them() {
-        let h = Histogram::new([0.001, 0.01, 0.1]);
+        let mut g = Gaps::new(&[0.001, 0.01, 0.1]);
         for v in [0.0005, 0.004, 0.004, 0.05, 3.0] {
-            h.observe(v);
+            g.observe(v);
         }
-        let snap = HistogramSnapshot::of(&h).expect("a snapshot");
+        let snap = HistogramSnapshot::of(&g);
         assert_eq!(snap.count, 5);
         assert!((snap.sum - 3.0585).abs() < 1e-12, "{}", snap.sum);
         assert_eq!(
             snap.buckets,
             vec![(0.001, 1), (0.01, 3), (0.1, 4), (f64::INFINITY, 5)]
         );
-        h.observe(0.0001);
+        g.observe(0.0001);
         assert_eq!(snap.count, 5, "a snapshot does not follow the histogram");
-        assert_eq!(HistogramSnapshot::of(&h).unwrap().buckets[0], (0.001, 2));
-    }
-
-    #[test]
-    fn an_empty_histogram_has_zero_buckets() {
-        let snap = HistogramSnapshot::of(&Histogram::new([0.5])).unwrap();
-        assert_eq!(
-            (snap.sum, snap.count, snap.buckets),
-            (0.0, 0, vec![(0.5, 0), (f64::INFINITY, 0)])
-        );
+        assert_eq!(HistogramSnapshot::of(&g).buckets[0], (0.001, 2));
     }
 }

@@ -57,7 +57,7 @@ fn ledger_devices(
 }
 
 /// The controller's switch histograms of the node's GPUs (keys that match none are left out).
-fn switches(state: &State) -> Vec<(u32, prometheus_client::metrics::histogram::Histogram)> {
+fn switches(state: &State) -> Vec<(u32, crate::agent::compute::Gaps)> {
     let keys = gpu_keys(state);
     let mut out: Vec<_> = state
         .compute

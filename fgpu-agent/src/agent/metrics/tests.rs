@@ -61,9 +61,9 @@ fn sample(rows: Vec<CgroupStatus>) -> Sample {
             gpu_time_s: 1.5,
         }],
         switches: vec![(1, {
-            let h = prometheus_client::metrics::histogram::Histogram::new([0.001, 0.01]);
-            h.observe(0.004);
-            h
+            let mut g = crate::agent::compute::Gaps::new(&[0.001, 0.01]);
+            g.observe(0.004);
+            g
         })],
         ready: true,
     }
