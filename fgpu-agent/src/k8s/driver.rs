@@ -248,9 +248,13 @@ impl Driver {
         }
     }
 
-    /// The pod's limit: the sum of its prepared claims' capacities (a claim without a memory
-    /// figure is the whole GPU: no memory limit). `None`: no claims left.
-    fn pod_limit(st: &State, pod: &str) -> Option<Limit> {
+    /// The pod's limit: on each GPU its claims were allocated on, the sum of those claims'
+    /// capacities there (per-GPU values, by the GPU's UUID); on any other GPU the pod can
+    /// reach, the sum of all its claims (the plain value: no more than it was given in all,
+    /// where the node exposes GPUs the scheduler did not allocate it). A claim without a
+    /// memory figure is its whole GPU: no memory limit there (and no plain one). `None`: no
+    /// claims left.
+    fn pod_limit(&self, st: &State, pod: &str) -> Option<Limit> {
         let plans: Vec<&Plan> = st
             .ckpt
             .claims
@@ -258,28 +262,11 @@ impl Driver {
             .map(|p| &p.plan)
             .filter(|p| p.pods.iter().any(|x| x == pod))
             .collect();
-        if plans.is_empty() {
-            return None;
-        }
-        let memory = plans
-            .iter()
-            .try_fold(0u64, |acc, p| p.memory_bytes.map(|m| acc.saturating_add(m)));
-        let compute = plans
-            .iter()
-            .try_fold(0u32, |acc, p| p.compute_pct.map(|c| acc + u32::from(c)))
-            // 0: no share of its own; 100 or more: the whole GPU, nothing to hold.
-            .filter(|c| *c > 0 && *c < 100)
-            .map(|c| c as u8);
-        Some(Limit {
-            memory_bytes: memory,
-            compute_pct: compute,
-            compute_cap_pct: None,
-            ..Limit::default()
-        })
+        pod_limit(&self.cfg.gpus, &plans)
     }
 
     fn ensure_pod(&self, st: &mut State, pod: &str) -> Result<()> {
-        let want = Self::pod_limit(st, pod);
+        let want = self.pod_limit(st, pod);
         let found = podcgroup::find(&self.cfg.cgroup_mount, &self.cfg.cgroup_parent, pod);
         match (want, found) {
             (Some(limit), Some(cg)) => {
@@ -287,15 +274,50 @@ impl Driver {
                 if st.applied.get(pod) == Some(&(cg.clone(), limit.clone())) {
                     return Ok(());
                 }
+                // The agent merges per-GPU values into what the cgroup has: GPUs the pod's
+                // claims no longer name lose theirs (its plain values are always set anew).
+                let clear_gpus = st
+                    .applied
+                    .get(pod)
+                    .filter(|(was, _)| *was == cg)
+                    .map(|(_, old)| {
+                        old.memory_gpus
+                            .keys()
+                            .chain(old.compute_gpus.keys())
+                            .filter(|u| !limit.names_gpu(u))
+                            .cloned()
+                            .collect::<BTreeSet<_>>()
+                            .into_iter()
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 let req = LimitSetRequest {
                     target: cg.clone(),
                     limit: limit.clone(),
                     until_cgroup_removed: true,
+                    clear_gpus,
                     ..LimitSetRequest::default()
                 };
-                self.ask(Kind::LimitSet, serde_json::to_vec(&req)?)
-                    .with_context(|| format!("setting pod {pod}'s limit on {cg}"))?;
-                tracing::info!(pod, cgroup = %cg, memory = ?limit.memory_bytes, compute = ?limit.compute_pct, "pod limited");
+                let mut limit = limit;
+                if let Err(err) = self.ask(Kind::LimitSet, serde_json::to_vec(&req)?) {
+                    if limit.memory_gpus.is_empty() && limit.compute_gpus.is_empty() {
+                        return Err(err)
+                            .with_context(|| format!("setting pod {pod}'s limit on {cg}"));
+                    }
+                    // An agent that does not know the GPUs (no NVML, or another GPU list):
+                    // the plain values alone, on every GPU, rather than no limit at all.
+                    tracing::warn!(pod, cgroup = %cg, "the agent refused the per-GPU limits ({err:#}): the pod is held to the sum of its claims on every GPU");
+                    limit.memory_gpus.clear();
+                    limit.compute_gpus.clear();
+                    let req = LimitSetRequest {
+                        limit: limit.clone(),
+                        clear_gpus: Vec::new(),
+                        ..req
+                    };
+                    self.ask(Kind::LimitSet, serde_json::to_vec(&req)?)
+                        .with_context(|| format!("setting pod {pod}'s limit on {cg}"))?;
+                }
+                tracing::info!(pod, cgroup = %cg, memory = ?limit.memory_bytes, compute = ?limit.compute_pct, memory_gpus = ?limit.memory_gpus, compute_gpus = ?limit.compute_gpus, "pod limited");
                 st.applied.insert(pod.to_string(), (cg, limit));
             }
             (Some(_), None) => {
@@ -348,6 +370,57 @@ impl Driver {
     }
 }
 
+/// [`Driver::pod_limit`] of the claims `plans`, `gpus` being fgpu's device names and GPUs.
+fn pod_limit(gpus: &BTreeMap<String, spec::Gpu>, plans: &[&Plan]) -> Option<Limit> {
+    if plans.is_empty() {
+        return None;
+    }
+    let mut memory_gpus = BTreeMap::new();
+    let mut compute_gpus = BTreeMap::new();
+    let mut uuids: Vec<&str> = plans
+        .iter()
+        .filter_map(|p| gpus.get(&p.device).map(|g| g.uuid.as_str()))
+        .collect();
+    uuids.sort_unstable();
+    uuids.dedup();
+    for uuid in uuids {
+        let here: Vec<&&Plan> = plans
+            .iter()
+            .filter(|p| gpus.get(&p.device).is_some_and(|g| g.uuid == uuid))
+            .collect();
+        if let Some(m) = here
+            .iter()
+            .try_fold(0u64, |acc, p| p.memory_bytes.map(|m| acc.saturating_add(m)))
+        {
+            memory_gpus.insert(uuid.to_string(), m);
+        }
+        if let Some(c) = here
+            .iter()
+            .try_fold(0u32, |acc, p| p.compute_pct.map(|c| acc + u32::from(c)))
+            .filter(|c| *c > 0 && *c < 100)
+        {
+            compute_gpus.insert(uuid.to_string(), c as u8);
+        }
+    }
+    let memory = plans
+        .iter()
+        .try_fold(0u64, |acc, p| p.memory_bytes.map(|m| acc.saturating_add(m)));
+    let compute = plans
+        .iter()
+        .try_fold(0u32, |acc, p| p.compute_pct.map(|c| acc + u32::from(c)))
+        // 0: no share of its own; 100 or more: the whole GPU, nothing to hold.
+        .filter(|c| *c > 0 && *c < 100)
+        .map(|c| c as u8);
+    Some(Limit {
+        memory_bytes: memory,
+        memory_gpus,
+        compute_pct: compute,
+        compute_gpus,
+        compute_cap_pct: None,
+        ..Limit::default()
+    })
+}
+
 /// The claim's CDI spec: one device named after the claim UID, with the shim, the
 /// containers' socket and preload of fgpu's node spec, and the claim's GPU. No hook: the
 /// limit is held on the pod's cgroup by the driver, not taken from the environment.
@@ -373,4 +446,75 @@ fn claim_spec(cfg: &Config, plan: &Plan, gpu: &spec::Gpu) -> Result<Vec<u8>> {
     let mut json = serde_json::to_vec_pretty(&s)?;
     json.push(b'\n');
     Ok(json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(uid: &str, device: &str, memory: Option<u64>, compute: Option<u8>) -> Plan {
+        Plan {
+            uid: uid.into(),
+            namespace: "team-a".into(),
+            name: uid.into(),
+            pool: "node-1".into(),
+            device: device.into(),
+            requests: vec!["gpu".into()],
+            memory_bytes: memory,
+            compute_pct: compute,
+            pods: vec!["pod-1".into()],
+            pod_names: BTreeMap::new(),
+        }
+    }
+
+    fn gpus() -> BTreeMap<String, spec::Gpu> {
+        (0..3)
+            .map(|i| {
+                let gpu = spec::Gpu {
+                    index: i,
+                    uuid: format!("GPU-{i}"),
+                    minor: i,
+                };
+                (format!("gpu-{i}"), gpu)
+            })
+            .collect()
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn each_gpu_gets_its_own_claims_and_the_rest_the_sum() {
+        let a = plan("a", "gpu-0", Some(8 * GIB), Some(30));
+        let b = plan("b", "gpu-1", Some(4 * GIB), Some(20));
+        let c = plan("c", "gpu-1", Some(2 * GIB), Some(10));
+        let l = pod_limit(&gpus(), &[&a, &b, &c]).unwrap();
+        assert_eq!(l.memory_gpus.get("GPU-0"), Some(&(8 * GIB)));
+        assert_eq!(l.memory_gpus.get("GPU-1"), Some(&(6 * GIB)));
+        assert_eq!(l.memory_gpus.get("GPU-2"), None);
+        assert_eq!(
+            l.memory_bytes,
+            Some(14 * GIB),
+            "elsewhere: no more than in all"
+        );
+        assert_eq!(l.memory_on("GPU-2"), Some(14 * GIB));
+        assert_eq!(l.compute_gpus.get("GPU-0"), Some(&30));
+        assert_eq!(l.compute_gpus.get("GPU-1"), Some(&30));
+        assert_eq!(l.compute_pct, Some(60));
+        assert_eq!(pod_limit(&gpus(), &[]), None);
+    }
+
+    #[test]
+    fn a_whole_gpu_claim_lifts_that_gpus_memory_and_the_plain_one() {
+        let a = plan("a", "gpu-0", Some(8 * GIB), Some(30));
+        let whole = plan("w", "gpu-1", None, None);
+        let l = pod_limit(&gpus(), &[&a, &whole]).unwrap();
+        assert_eq!(
+            l.memory_gpus,
+            BTreeMap::from([("GPU-0".to_string(), 8 * GIB)])
+        );
+        assert_eq!(l.memory_bytes, None);
+        assert_eq!(l.memory_on("GPU-1"), None);
+        assert_eq!(l.compute_gpus, BTreeMap::from([("GPU-0".to_string(), 30)]));
+        assert_eq!(l.compute_pct, None);
+    }
 }
