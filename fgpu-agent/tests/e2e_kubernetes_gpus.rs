@@ -15,7 +15,7 @@ use fgpu_kubelet_api::stand_in::dra_manager::DraManager;
 use common::{Cgroup, privileged, spawn_sim_load, unique};
 use k8s::apiserver::ApiServer;
 use k8s::kubelet;
-use k8s::plugin::{Plugin, PluginDirs, Tree, claim_json, claim_path, rt};
+use k8s::plugin::{Plugin, PluginDirs, Tree, claim_json, claim_path, own_limits, rt};
 
 const GIB: u64 = 1 << 30;
 const POD: &str = "0c3d6f1e-2b4a-4c8e-9f00-0000000000e0";
@@ -141,15 +141,8 @@ fn privileged_a_pods_claims_on_two_gpus_limit_each_gpu_to_its_own() {
 
 /// The cgroup's own limit as `fgpu limit ls --json` says it.
 fn own_limit(agent: &common::Agent, cgroup: &str) -> Option<serde_json::Value> {
-    let out = agent.cli(&["limit", "ls", "--json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    v.as_array()?
-        .iter()
-        .find(|e| e["cgroup"] == cgroup)
-        .map(|e| e["own"].clone())
+    own_limits(agent)
+        .into_iter()
+        .find(|(cg, _)| cg == cgroup)
+        .map(|(_, own)| own)
 }

@@ -144,8 +144,8 @@ impl Drop for Plugin {
     }
 }
 
-/// The agent's `limit ls --json`: cgroup -> (memory bytes, compute percent) set on it.
-pub fn limits(agent: &Agent) -> Vec<(String, Option<u64>, Option<u64>)> {
+/// The agent's `limit ls --json`: each cgroup with the limit set on it (`own`).
+pub fn own_limits(agent: &Agent) -> Vec<(String, serde_json::Value)> {
     let out = agent.cli(&["limit", "ls", "--json"]);
     assert!(
         out.status.success(),
@@ -156,12 +156,17 @@ pub fn limits(agent: &Agent) -> Vec<(String, Option<u64>, Option<u64>)> {
     v.as_array()
         .unwrap()
         .iter()
-        .map(|e| {
-            (
-                e["cgroup"].as_str().unwrap().to_string(),
-                e["own"]["memory_bytes"].as_u64(),
-                e["own"]["compute_pct"].as_u64(),
-            )
+        .map(|e| (e["cgroup"].as_str().unwrap().to_string(), e["own"].clone()))
+        .collect()
+}
+
+/// [`own_limits`]: cgroup -> (memory bytes, compute percent) set on it.
+pub fn limits(agent: &Agent) -> Vec<(String, Option<u64>, Option<u64>)> {
+    own_limits(agent)
+        .into_iter()
+        .map(|(cg, own)| {
+            let (m, c) = (own["memory_bytes"].as_u64(), own["compute_pct"].as_u64());
+            (cg, m, c)
         })
         .collect()
 }
