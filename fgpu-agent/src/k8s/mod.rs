@@ -5,7 +5,7 @@
 
 mod checkpoint;
 mod claim;
-mod deviceplugin;
+pub(crate) mod deviceplugin;
 mod driver;
 pub mod identity;
 mod podcgroup;

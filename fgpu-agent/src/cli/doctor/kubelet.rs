@@ -7,13 +7,10 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 
 use super::{Check, Paths};
+// The device plugin's socket for a resource, as the plugin names it.
+use crate::k8s::deviceplugin::socket_name as device_plugin_socket;
 
 const NAME: &str = "kubelet-plugin";
-
-/// The device plugin's socket for `resource`: `crate::k8s::deviceplugin::socket_name`.
-fn device_plugin_socket(resource: &str) -> String {
-    format!("{}.sock", resource.replace(['/', '.'], "-"))
-}
 
 /// What is at a socket path.
 #[derive(Debug, PartialEq, Eq)]
