@@ -7,6 +7,25 @@
 //!   fgpu-test-kubelet unprepare DRA_SOCK NAMESPACE/NAME/UID...
 //!   fgpu-test-kubelet start-pod STATE DRA_SOCK POD_UID NAMESPACE/NAME/UID...
 //!   fgpu-test-kubelet stop-pod STATE DRA_SOCK POD_UID
+//!   fgpu-test-kubelet restart [--device-plugins-dir DIR] [--registry-dir DIR]
+//!                             [--api-server URL --node NAME]
+//!
+//! `register` is the plugin watcher's registration of one plugin (GetInfo, the DRA handler's
+//! check of its services, NotifyRegistrationStatus: `fgpu_kubelet_api::stand_in::plugin_watcher`);
+//! a refused plugin is told why and the command exits 1.
+//!
+//! `restart` is what a kubelet that starts does to the plugins already running
+//! (`fgpu_kubelet_api::stand_in::restart`, shared with the end-to-end tests), for the parts
+//! given: the device manager removes the sockets of the device-plugins directory but keeps
+//! its checkpoint (pkg/kubelet/cm/devicemanager/manager.go, `CleanupPluginDirectory`); the DRA
+//! plugin manager deletes the node's ResourceSlices, every driver's, with one DeleteCollection
+//! by field selector `spec.nodeName=NAME` (pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go,
+//! `wipeResourceSlices`; plain http only, e.g. a `kubectl proxy`; retried 5 times, 1 s, 2 s,
+//! ... apart); the plugin watcher registers every socket found in the registry directory again
+//! (pkg/kubelet/pluginmanager/pluginwatcher/plugin_watcher.go; names starting with '.'
+//! skipped). One JSON line per removed socket (`removed`), for the wipe (`deleted_slices`),
+//! per registration (as `register`'s) and per failed step (`failed`, `error`); exit 1 if
+//! anything failed. It does not serve a new kubelet.sock, so device plugins wait to register.
 //!
 //! `prepare` and `unprepare` are the bare calls. `start-pod` and `stop-pod` act as the
 //! kubelet's DRA manager does for a pod (pkg/kubelet/cm/dra/manager.go, shared with the
@@ -18,11 +37,14 @@
 use std::path::Path;
 
 use fgpu_kubelet_api::stand_in::dra_manager::DraManager;
+use fgpu_kubelet_api::stand_in::plugin_watcher;
+use fgpu_kubelet_api::stand_in::restart::Restart;
 
 use fgpu_kubelet_api::dra::v1 as dra;
-use fgpu_kubelet_api::pluginregistration as reg;
 
 type Error = Box<dyn std::error::Error>;
+
+const USAGE: &str = "usage: fgpu-test-kubelet register REG_SOCK | prepare DRA_SOCK NS/NAME/UID... | unprepare DRA_SOCK NS/NAME/UID... | start-pod STATE DRA_SOCK POD_UID NS/NAME/UID... | stop-pod STATE DRA_SOCK POD_UID | restart [--device-plugins-dir DIR] [--registry-dir DIR] [--api-server URL --node NAME]";
 
 async fn channel(path: &Path) -> Result<tonic::transport::Channel, Error> {
     Ok(fgpu_kubelet_api::stand_in::channel(path).await?)
@@ -45,7 +67,9 @@ fn claims(args: &[String]) -> Result<Vec<dra::Claim>, Error> {
 }
 
 async fn run(args: &[String]) -> Result<(), Error> {
-    let usage = "usage: fgpu-test-kubelet register REG_SOCK | prepare DRA_SOCK NS/NAME/UID... | unprepare DRA_SOCK NS/NAME/UID... | start-pod STATE DRA_SOCK POD_UID NS/NAME/UID... | stop-pod STATE DRA_SOCK POD_UID";
+    if args.first().map(String::as_str) == Some("restart") {
+        return restart(&args[1..]).await;
+    }
     if let (Some(cmd @ ("start-pod" | "stop-pod")), Some(state), Some(sock), Some(pod)) = (
         args.first().map(String::as_str),
         args.get(1),
@@ -55,23 +79,16 @@ async fn run(args: &[String]) -> Result<(), Error> {
         return pod_command(cmd, Path::new(state), Path::new(sock), pod, &args[4..]).await;
     }
     let (Some(cmd), Some(sock)) = (args.first(), args.get(1)) else {
-        return Err(usage.into());
+        return Err(USAGE.into());
     };
     let sock = Path::new(sock);
     match cmd.as_str() {
         "register" => {
-            let mut c = reg::registration_client::RegistrationClient::new(channel(sock).await?);
-            let info = c.get_info(reg::InfoRequest {}).await?.into_inner();
-            c.notify_registration_status(reg::RegistrationStatus {
-                plugin_registered: true,
-                error: String::new(),
-            })
-            .await?;
-            println!(
-                "{}",
-                serde_json::json!({"type": info.r#type, "name": info.name, "endpoint": info.endpoint,
-                                   "supported_versions": info.supported_versions})
-            );
+            let r = plugin_watcher::register(sock).await;
+            println!("{}", r.json());
+            if let Some(e) = r.error {
+                return Err(e.into());
+            }
         }
         "prepare" => {
             let mut c = dra::dra_plugin_client::DraPluginClient::new(channel(sock).await?);
@@ -105,7 +122,7 @@ async fn run(args: &[String]) -> Result<(), Error> {
                 println!("{}", serde_json::json!({"uid": uid, "error": a.error}));
             }
         }
-        _ => return Err(usage.into()),
+        _ => return Err(USAGE.into()),
     }
     Ok(())
 }
@@ -156,6 +173,64 @@ async fn pod_command(
             Err(e.into())
         }
     }
+}
+
+/// `restart`: its flags, each once, the directories existing, then the restart.
+async fn restart(args: &[String]) -> Result<(), Error> {
+    let mut r = Restart {
+        wipe_attempts: 5,
+        ..Restart::default()
+    };
+    let (mut api, mut node) = (None, None);
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let Some(value) = it.next().filter(|v| !v.starts_with("--")) else {
+            return Err(format!("restart: {flag} needs a value\n{USAGE}").into());
+        };
+        let slot = match flag.as_str() {
+            "--device-plugins-dir" => {
+                set_dir(&mut r.device_plugins_dir, flag, value)?;
+                continue;
+            }
+            "--registry-dir" => {
+                set_dir(&mut r.registry_dir, flag, value)?;
+                continue;
+            }
+            "--api-server" => &mut api,
+            "--node" => &mut node,
+            _ => return Err(format!("restart: unknown argument {flag}\n{USAGE}").into()),
+        };
+        if slot.replace(value.clone()).is_some() {
+            return Err(format!("restart: {flag} given twice").into());
+        }
+    }
+    r.api = match (api, node) {
+        (Some(url), Some(node)) => {
+            fgpu_kubelet_api::stand_in::http::parse_url(&url)?;
+            Some((url, node))
+        }
+        (None, None) => None,
+        _ => return Err("restart: --api-server and --node go together".into()),
+    };
+    if r.device_plugins_dir.is_none() && r.registry_dir.is_none() && r.api.is_none() {
+        return Err(format!("restart: nothing to restart\n{USAGE}").into());
+    }
+    if r.run(|e| println!("{}", e.json())).await {
+        Ok(())
+    } else {
+        Err("restart: a step failed (above)".into())
+    }
+}
+
+fn set_dir(slot: &mut Option<std::path::PathBuf>, flag: &str, value: &str) -> Result<(), Error> {
+    let dir = Path::new(value);
+    if !dir.is_dir() {
+        return Err(format!("restart: {flag} {value}: not a directory").into());
+    }
+    if slot.replace(dir.to_path_buf()).is_some() {
+        return Err(format!("restart: {flag} given twice").into());
+    }
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
