@@ -1,6 +1,8 @@
 //! The smallest honest stand-in for the API server: an HTTP/1.1 server on loopback that
 //! serves recorded objects by path (GET), records and stores what is applied (PATCH),
-//! deletes (DELETE) and answers the rest with a Kubernetes `Status` 404. A ResourceSlice is
+//! deletes (DELETE; on the ResourceSlice collection, those its field selector picks, as a
+//! kubelet's start asks: `delete_slices`) and answers the rest with a Kubernetes `Status`
+//! 404. A ResourceSlice is
 //! validated before it is stored, as the real server does (`super::validate`), and refused
 //! with a 422 `Invalid` Status carrying the upstream messages. kube-rs talks to it as to a
 //! real one (same paths, same JSON); what it does not check is in docs/kubernetes.md.
@@ -15,6 +17,8 @@ struct Shared {
     objects: HashMap<String, String>,
     patches: Vec<(String, String)>,
     gets: Vec<String>,
+    /// The target (path and query) of every DELETE so far.
+    deletes: Vec<String>,
     /// PATCHes refused so far (validation), with the Status message.
     refused: Vec<(String, String)>,
     /// The next this many PATCHes fail with a 500 (an API server that is not ready yet).
@@ -67,6 +71,11 @@ impl ApiServer {
     /// The paths of every GET so far.
     pub fn gets(&self) -> Vec<String> {
         self.shared.lock().unwrap().gets.clone()
+    }
+
+    /// The path and query of every DELETE so far.
+    pub fn deletes(&self) -> Vec<String> {
+        self.shared.lock().unwrap().deletes.clone()
     }
 
     /// (path, message) of every PATCH refused as invalid.
@@ -172,15 +181,23 @@ fn serve(stream: std::net::TcpStream, shared: &Mutex<Shared>) {
                 }
             }
             "PATCH" => apply(&mut s, &target, &path, &body),
-            "DELETE" => match s.objects.remove(&path) {
-                Some(_) => (200, status(200, "", "deleted")),
-                None => (404, not_found(&path)),
-            },
+            "DELETE" => {
+                s.deletes.push(target.clone());
+                if path == SLICES {
+                    delete_slices(&mut s, &target)
+                } else {
+                    match s.objects.remove(&path) {
+                        Some(_) => (200, status(200, "", "deleted")),
+                        None => (404, not_found(&path)),
+                    }
+                }
+            }
             _ => (404, not_found(&path)),
         }
     };
     let reason = match code {
         200 => "OK",
+        400 => "Bad Request",
         422 => "Unprocessable Entity",
         500 => "Internal Server Error",
         _ => "Not Found",
@@ -191,6 +208,104 @@ fn serve(stream: std::net::TcpStream, shared: &Mutex<Shared>) {
         "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
         answer.len()
     );
+}
+
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+/// DELETE of the ResourceSlice collection (a DeleteCollection, as the kubelet sends at start):
+/// the stored slices that its `fieldSelector` picks are deleted, and the answer is their list,
+/// as the real server gives it (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/delete.go,
+/// `DeleteCollection`, answers the registry's result; the generic registry's `DeleteCollection`
+/// (staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go) returns the list of the deleted objects). The fields a selector may name
+/// are those of pkg/apis/resource/v1/conversion.go (`metadata.name`, `spec.nodeName`,
+/// `spec.driver`; a slice without a node name has ""); another is a 400 with upstream's message.
+/// Requirements are `=`, `==` or `!=`, joined by ','. No selector deletes every slice; a
+/// `labelSelector` is refused (not served by this stand-in).
+fn delete_slices(s: &mut Shared, target: &str) -> (u16, String) {
+    let query = target.split_once('?').map_or("", |(_, q)| q);
+    let mut selector = String::new();
+    for (k, v) in query.split('&').filter_map(|kv| kv.split_once('=')) {
+        match k {
+            "fieldSelector" => selector = unescape(v),
+            "labelSelector" => {
+                return (
+                    400,
+                    status(
+                        400,
+                        "BadRequest",
+                        "labelSelector: not served by the stand-in",
+                    ),
+                );
+            }
+            _ => {}
+        }
+    }
+    let mut reqs = Vec::new();
+    for r in selector.split(',').filter(|r| !r.is_empty()) {
+        let (field, equal, value) = if let Some((f, v)) = r.split_once("!=") {
+            (f, false, v)
+        } else if let Some((f, v)) = r.split_once("==").or_else(|| r.split_once('=')) {
+            (f, true, v)
+        } else {
+            let msg = format!("invalid selector: '{selector}'; can't understand '{r}'");
+            return (400, status(400, "BadRequest", &msg));
+        };
+        if !["metadata.name", "spec.nodeName", "spec.driver"].contains(&field) {
+            let msg = format!(
+                "field label not supported for resource.k8s.io/v1, Kind=ResourceSlice: {field}"
+            );
+            return (400, status(400, "BadRequest", &msg));
+        }
+        reqs.push((field.to_string(), equal, value.to_string()));
+    }
+    let picked: Vec<String> = s
+        .objects
+        .iter()
+        .filter(|(p, _)| p.strip_prefix(SLICES).is_some_and(|n| n.starts_with('/')))
+        .filter(|(_, body)| {
+            let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+            reqs.iter().all(|(field, equal, value)| {
+                let have = match field.as_str() {
+                    "metadata.name" => &v["metadata"]["name"],
+                    "spec.nodeName" => &v["spec"]["nodeName"],
+                    _ => &v["spec"]["driver"],
+                };
+                (have.as_str().unwrap_or("") == value) == *equal
+            })
+        })
+        .map(|(p, _)| p.clone())
+        .collect();
+    let items: Vec<serde_json::Value> = picked
+        .iter()
+        .filter_map(|p| s.objects.remove(p))
+        .map(|b| serde_json::from_str(&b).unwrap_or_default())
+        .collect();
+    let list = serde_json::json!({"kind": "ResourceSliceList", "apiVersion": "resource.k8s.io/v1",
+                                  "metadata": {}, "items": items});
+    (200, list.to_string())
+}
+
+/// A query value, percent-decoded ('+' a space).
+fn unescape(v: &str) -> String {
+    let b = v.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(x)) => {
+                out.push(x);
+                i += 2;
+            }
+            (b'+', _) => out.push(b' '),
+            (c, _) => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn status(code: u16, reason: &str, message: &str) -> String {

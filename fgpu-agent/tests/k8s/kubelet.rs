@@ -14,17 +14,13 @@ pub async fn channel(path: &Path) -> Channel {
         .expect("connecting to the plugin's socket")
 }
 
-/// GetInfo, then NotifyRegistrationStatus(registered): the plugin's info.
+/// The plugin watcher's registration (GetInfo, the DRA handler's checks,
+/// NotifyRegistrationStatus: `fgpu_kubelet_api::stand_in::plugin_watcher`), which must
+/// succeed: the plugin's info.
 pub async fn register(reg_sock: &Path) -> reg::PluginInfo {
-    let mut c = reg::registration_client::RegistrationClient::new(channel(reg_sock).await);
-    let info = c.get_info(reg::InfoRequest {}).await.unwrap().into_inner();
-    c.notify_registration_status(reg::RegistrationStatus {
-        plugin_registered: true,
-        error: String::new(),
-    })
-    .await
-    .unwrap();
-    info
+    let r = fgpu_kubelet_api::stand_in::plugin_watcher::register(reg_sock).await;
+    assert_eq!(r.error, None, "registration of {}", reg_sock.display());
+    r.info.expect("a registered plugin's info")
 }
 
 pub fn claim(namespace: &str, name: &str, uid: &str) -> dra::Claim {
@@ -177,24 +173,16 @@ pub fn serve_registry(sock: &Path, registry: DeviceRegistry) {
     );
 }
 
-/// What a kubelet that starts does to the device-plugins directory `dir`
-/// (pkg/kubelet/cm/devicemanager/manager.go, `Start` → `removeContents`: every file but the
-/// checkpoint goes, plugins' sockets included), then it serves registrations on a new
+/// What a kubelet that starts does to the device-plugins directory `dir`: its sockets go
+/// but for the checkpoint (`fgpu_kubelet_api::stand_in::device_manager`, after
+/// pkg/kubelet/cm/devicemanager/manager.go), then it serves registrations on a new
 /// kubelet.sock. `registry` forgets the registrations it had.
 pub fn restart_device_manager(dir: &Path, registry: &DeviceRegistry) {
-    for e in std::fs::read_dir(dir).unwrap().flatten() {
-        if e.file_name() == "kubelet_internal_checkpoint" {
-            continue;
-        }
-        if e.path().is_file() || is_socket(&e.path()) {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
+    fgpu_kubelet_api::stand_in::device_manager::cleanup_plugin_directory(dir)
+        .expect("the device manager's cleanup");
     registry.regs.lock().unwrap().clear();
-    serve_registry(&dir.join("kubelet.sock"), registry.clone());
-}
-
-fn is_socket(p: &Path) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_socket())
+    serve_registry(
+        &dir.join(fgpu_kubelet_api::stand_in::device_manager::KUBELET_SOCKET),
+        registry.clone(),
+    );
 }
