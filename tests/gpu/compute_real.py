@@ -300,14 +300,17 @@ def main():
         else:
             check("kill: a new cnn process in the killed container", False, "no result", "50 +- 5")
 
-    if "join" in ran:
-        a, b = get("join", "a"), get("join", "b")
+    for v in variants:
+        jp = "join" + v
+        if jp not in ran:
+            continue
+        a, b = get(jp, "a"), get(jp, "b")
         if a and b and a.get("result") and b.get("result"):
             pa, pb = a["result"]["progress"], b["result"]["progress"]
             ra, rb = ref.get("attn", math.nan), ref.get("cnn", math.nan)
             t0 = b["result"]["t_start"]
             try:
-                t_b = json.load(open(os.path.join(args.out, "join-time.json")))["t_start_b"]
+                t_b = json.load(open(os.path.join(args.out, f"{jp}-time.json")))["t_start_b"]
             except (OSError, ValueError, KeyError):
                 t_b = t0
             # Only the seconds both ran in full: the joiner alone after the incumbent ended
@@ -318,31 +321,31 @@ def main():
             new = [100 * rate_between(pb, t0 + i, t0 + i + 1) / rb for i in both]
             warm = [100 * rate_between(pa, t_b + i, t_b + i + 1) / ra
                     for i in range(int(max(t0 - t_b, 0)))]
-            check("join: attn (incumbent) per second while the cnn process starts and warms up",
+            check(f"{jp}: attn (incumbent) per second while the cnn process starts and warms up",
                   all(x >= 40 for x in warm if not math.isnan(x)),
                   " / ".join(fmt(x) for x in warm) + f" ({fmt(t0 - t_b)} s)", ">= 40 each")
-            check("join: cnn (joiner) per second from its first measured step", all(
+            check(f"{jp}: cnn (joiner) per second from its first measured step", all(
                 40 <= x <= 60 for x in new if not math.isnan(x)) and bool(new),
                 " / ".join(fmt(x) for x in new), "40-60 each")
-            check("join: attn (incumbent) per second meanwhile",
+            check(f"{jp}: attn (incumbent) per second meanwhile",
                   all(x >= 40 for x in inc if not math.isnan(x)) and bool(inc),
                   " / ".join(fmt(x) for x in inc), ">= 40 each")
             late = [x for x in new[2:] if not math.isnan(x)]
-            check("join: cnn's work settled from its 3rd second", all(abs(x - 50) <= 5 for x in late)
+            check(f"{jp}: cnn's work settled from its 3rd second", all(abs(x - 50) <= 5 for x in late)
                   and bool(late), " / ".join(fmt(x) for x in late), "50 +- 5")
             # Issue 25 item 2 in its own terms: the joiner's share of the device's time (the
             # controller's once-a-second `turn_pct_1s`, each line the second before it) in every
             # second both ran, settled from its 3rd second.
             turn = join_turn_series(os.path.join(args.out, "agent.log"), "fgpu-real-b", t0, a_end)
-            check("join: cnn's turn share per second while both run", all(
+            check(f"{jp}: cnn's turn share per second while both run", all(
                 40 <= x <= 60 for _, x in turn) and bool(turn),
                 " / ".join(fmt(x) for _, x in turn), "40-60 each")
             settled = [x for t, x in turn if t >= t0 + 3]
-            check("join: cnn's turn share settled from its 3rd second",
+            check(f"{jp}: cnn's turn share settled from its 3rd second",
                   all(abs(x - 50) <= 5 for x in settled) and bool(settled),
                   " / ".join(fmt(x) for x in settled), "50 +- 5")
         else:
-            check("join: both workers", False, "no result", "results")
+            check(f"{jp}: both workers", False, "no result", "results")
     for v in variants:
         if "cap30" + v in ran:
             r = get("cap30" + v, "a")

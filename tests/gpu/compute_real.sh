@@ -229,26 +229,26 @@ kill_phase() {
 # process is *started* in b at 50 — it imports PyTorch, builds ResNet-18 and benchmarks
 # cuDNN beside the running attn (the light warm-up that used to buy a catch-up), then runs
 # 10 s. Per-second rates of both from the cnn's first measured step (compute_real.py).
-join_phase() {
-  local pa pb
-  echo "== join: a attn 50 alone, then a cnn process started in b at 50 (it warms up beside a)"
+join_phase() { # SUFFIX: the phase is join SUFFIX (a variant's: join@NAME)
+  local pa pb p=join$1
+  echo "== $p: a attn 50 alone, then a cnn process started in b at 50 (it warms up beside a)"
   limits "--compute 50" "--compute 50" ""
-  worker join a 1 attn fgpu 24 "$WARM" "$WORK/join.go"; pa=$!
-  for _ in $(seq 1200); do [ -f "$WORK/join.a.1.ready" ] && break; kill -0 $pa 2>/dev/null || break; sleep 0.1; done
-  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/join.go.tmp" && mv "$WORK/join.go.tmp" "$WORK/join.go"
-  echo "PHASE-START join" >> "$OUT/agent.log"
-  echo "join start $(cat "$WORK/join.go")" >> "$OUT/phases.txt"
+  worker "$p" a 1 attn fgpu 24 "$WARM" "$WORK/$p.go"; pa=$!
+  for _ in $(seq 1200); do [ -f "$WORK/$p.a.1.ready" ] && break; kill -0 $pa 2>/dev/null || break; sleep 0.1; done
+  awk -v t="$(date +%s.%N)" 'BEGIN { printf "%.3f", t + 0.5 }' > "$WORK/$p.go.tmp" && mv "$WORK/$p.go.tmp" "$WORK/$p.go"
+  echo "PHASE-START $p" >> "$OUT/agent.log"
+  echo "$p start $(cat "$WORK/$p.go")" >> "$OUT/phases.txt"
   sleep "$(awk -v w="$WARM" 'BEGIN { print w + 0.5 + 4 }')"
-  echo "{\"t_start_b\": $(date +%s.%N)}" > "$OUT/join-time.json"
+  echo "{\"t_start_b\": $(date +%s.%N)}" > "$OUT/$p-time.json"
   # Its go file is already there: it starts as soon as it is ready (1 s warm-up).
-  date +%s.%N > "$WORK/join.go2"
-  worker join b 1 cnn fgpu 10 1 "$WORK/join.go2"; pb=$!
+  date +%s.%N > "$WORK/$p.go2"
+  worker "$p" b 1 cnn fgpu 10 1 "$WORK/$p.go2"; pb=$!
   sleep 8
-  fgpu status --json > "$OUT/status-join.json" 2>&1
-  wait $pb; record join b 1 cnn fgpu $?
-  wait $pa; record join a 1 attn fgpu $?
-  echo "PHASE-END join" >> "$OUT/agent.log"
-  echo "join end $(date +%s.%N)" >> "$OUT/phases.txt"
+  fgpu status --json > "$OUT/status-$p.json" 2>&1
+  wait $pb; record "$p" b 1 cnn fgpu $?
+  wait $pa; record "$p" a 1 attn fgpu $?
+  echo "PHASE-END $p" >> "$OUT/agent.log"
+  echo "$p end $(date +%s.%N)" >> "$OUT/phases.txt"
   reap
 }
 
@@ -451,7 +451,7 @@ gated_phases() { # SUFFIX: the gated mixes (phase names get SUFFIX, e.g. @ov for
   if [ -z "$v" ] && want kill; then limits "--compute 50" "--compute 50" ""; kill_phase; br cnn attn; fi
   # dech: the decoder at --compute-priority high (served first within its share).
   if want dech; then limits "--compute 50 --compute-priority high" "--compute 50" ""; phase "dech$v" a:decoder:fgpu b:cnn:fgpu; br decoder cnn; fi
-  if [ -z "$v" ] && want join; then join_phase; fi
+  if want join; then join_phase "$v"; fi
   # cap30: attn alone with --compute-cap 30 on an idle GPU.
   if want cap30; then limits "--compute-cap 30" "" ""; phase "cap30$v" a:attn:fgpu; fi
   if want s30; then limits "--compute 30" "--compute 70" ""; phase "s30$v" a:matmul:fgpu b:graph:fgpu; fi

@@ -364,6 +364,7 @@ impl Scheduler {
         // The holder: charge its turn, end it when due.
         if let Some(h) = dev.holder {
             let end = holder_end(tenants, &ids, h, now, dev.vtime, tuning.round_ns);
+            let rival = !tuning.whole_quanta && rival_waits(tenants, &ids, h);
             let t = tenants.get_mut(&h).expect("holder");
             let held = t.held.expect("a holder holds a turn");
             if !held.pending {
@@ -396,9 +397,14 @@ impl Scheduler {
                     started: now,
                     deadline: now + wait,
                 });
-            } else if !held.pending && now.saturating_sub(held.since) >= t.quantum(tuning.round_ns)
+            } else if !held.pending
+                && now.saturating_sub(held.since) >= t.quantum(tuning.round_ns)
+                && !rival
             {
-                // Alone (or everybody else is capped out): the turn goes on.
+                // Alone (or everybody else is capped out): the turn goes on, a new quantum.
+                // With a rival waiting that is still ahead of the holder in virtual time,
+                // the quantum is not renewed: the turn ends at the first tick the rival is
+                // level (`holder_end`), not a whole quantum later.
                 t.held = Some(Held { since: now, ..held });
             }
         }
@@ -675,12 +681,11 @@ fn holder_end(
     }
     // Fairness classes: high and normal share the device by their shares, low gets what
     // they leave; a high tenant within its share also comes first.
-    let fair = |t: &Tenant| u8::from(t.priority == Priority::Low);
     let held_ns = now.saturating_sub(held.since);
     let mut urgent = false;
     let mut due = false;
     for o in ids.iter().filter(|k| **k != h).map(|k| &tenants[k]) {
-        if !(o.mode == Mode::Turns && o.waiting() && o.may_start()) {
+        if !waits_for_turn(o) {
             continue;
         }
         urgent |= class(o, v) < class(t, v);
@@ -690,6 +695,27 @@ fn holder_end(
         return Some(End::Priority);
     }
     (due && held_ns >= t.quantum(round_ns)).then_some(End::Quantum)
+}
+
+/// Fairness classes: `high` and `normal` share the device by their shares, `low` gets what
+/// they leave.
+fn fair(t: &Tenant) -> u8 {
+    u8::from(t.priority == Priority::Low)
+}
+
+/// Whether `t` waits for a turn it may take now.
+fn waits_for_turn(t: &Tenant) -> bool {
+    t.mode == Mode::Turns && t.waiting() && t.may_start()
+}
+
+/// Whether anybody of holder `h`'s fairness class (or a better one) waits for a turn, ahead
+/// of it in virtual time or not.
+fn rival_waits(tenants: &HashMap<TenantId, Tenant>, ids: &[TenantId], h: TenantId) -> bool {
+    let t = &tenants[&h];
+    ids.iter()
+        .filter(|k| **k != h)
+        .map(|k| &tenants[k])
+        .any(|o| waits_for_turn(o) && fair(o) <= fair(t))
 }
 
 /// The next turn on a device of virtual time `v`: the waiting tenant of the best class, and
@@ -703,7 +729,7 @@ fn next_turn(
     ids.iter()
         .filter(|k| {
             let t = &tenants[*k];
-            Some(**k) != draining && t.mode == Mode::Turns && t.waiting() && t.may_start()
+            Some(**k) != draining && waits_for_turn(t)
         })
         .min_by(|a, b| {
             let (ta, tb) = (&tenants[*a], &tenants[*b]);

@@ -9,7 +9,10 @@ use super::{LIGHT_DUTY, QUEUE_NS, ROUND_NS};
 /// (10-2000), `FGPU_COMPUTE_QUEUE_US` (100-50000), `FGPU_COMPUTE_OVERLAP` (0/1: open the
 /// next turn while the previous holder drains), `FGPU_COMPUTE_QUEUE_SCALE` (0/1: scale the
 /// queue bound by the container's active processes, `Tenant::queue_bound`),
-/// `FGPU_COMPUTE_OPEN_QUEUE_US` (100-50000: the queue bound while a device runs open).
+/// `FGPU_COMPUTE_OPEN_QUEUE_US` (100-50000: the queue bound while a device runs open),
+/// `FGPU_COMPUTE_WHOLE_QUANTA` (0/1: a holder whose quantum is over while the rival waiting
+/// is still ahead of it gets a whole further quantum, as before 2026-12-04, instead of
+/// running on only until it is level).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Tuning {
     pub light_duty: f64,
@@ -22,6 +25,8 @@ pub struct Tuning {
     /// Each process's queue bound while its device runs open (before the container's
     /// scale): how long a latency-bound neighbour's kernel waits behind it.
     pub open_queue_ns: u64,
+    /// A holder past its quantum with a rival ahead of it renews a whole quantum.
+    pub whole_quanta: bool,
 }
 
 impl Default for Tuning {
@@ -34,6 +39,7 @@ impl Default for Tuning {
             queue_scale: true,
             open: true,
             open_queue_ns: QUEUE_NS,
+            whole_quanta: false,
         }
     }
 }
@@ -89,6 +95,7 @@ impl Tuning {
                 (100..=50_000).contains(x)
             })
             .map_or(d.open_queue_ns, |us| us * 1000),
+            whole_quanta: flag("FGPU_COMPUTE_WHOLE_QUANTA", d.whole_quanta),
         }
     }
 }
@@ -112,7 +119,7 @@ mod tests {
         assert_eq!(t, Tuning::default());
         assert_eq!(t.round_ns, 200_000_000);
         assert_eq!(t.queue_ns, 4_000_000);
-        assert!(!t.overlap && t.queue_scale);
+        assert!(!t.overlap && t.queue_scale && !t.whole_quanta);
     }
 
     #[test]
@@ -124,12 +131,13 @@ mod tests {
             ("FGPU_COMPUTE_OVERLAP", "1"),
             ("FGPU_COMPUTE_QUEUE_SCALE", "0"),
             ("FGPU_COMPUTE_OPEN_QUEUE_US", "500"),
+            ("FGPU_COMPUTE_WHOLE_QUANTA", "1"),
         ]);
         assert_eq!(t.open_queue_ns, 500_000);
         assert_eq!(t.round_ns, 600_000_000);
         assert_eq!(t.queue_ns, 1_000_000);
         assert_eq!(t.light_duty, 0.5);
-        assert!(t.overlap && !t.queue_scale);
+        assert!(t.overlap && !t.queue_scale && t.whole_quanta);
     }
 
     #[test]

@@ -52,6 +52,45 @@ fn a_tenant_joining_a_busy_gpu_gets_its_share_from_its_first_second() {
     assert!(all_within(&late, 45.0, 55.0), "after 2 s: {}", show(&late));
 }
 
+/// Turns of one quantum, not one or two: a holder whose quantum is over while the tenant
+/// waiting is a little ahead of it in virtual time (the holder's last drain was shorter)
+/// runs on only until it is level, not a whole further quantum. With whole quanta the two
+/// tenants' turns doubled to 200 ms each at 50 / 50 and a 1 s window moved by up to 10
+/// points (the H200's joiner: 47.4-56.0 per second); here every second is within 5.
+#[test]
+fn turns_last_one_quantum_when_the_tenants_drains_differ() {
+    for (ka, kb) in [(KERNEL, 3 * MS), (KERNEL, 2 * MS), (MS / 2, 3 * MS)] {
+        let mut s = Sim::new();
+        let a = s.tenant(
+            50,
+            0,
+            Normal,
+            vec![Proc::new(Work::Saturate { kernel: ka })],
+        );
+        let b = s.tenant(
+            50,
+            0,
+            Normal,
+            vec![Proc::new(Work::Saturate { kernel: kb })],
+        );
+        s.run_until(14_000);
+        for (t, what) in [(a, "short kernels"), (b, "long kernels")] {
+            let w = s.windows(t, 2000, 14_000, 1000);
+            assert!(
+                all_within(&w, 45.0, 55.0),
+                "{ka} / {kb} ns kernels, {what}, per second: {}",
+                show(&w)
+            );
+            let st = s.sched.tenant(&(t as u64 + 1, 0)).expect("tenant").stats;
+            let mean_ms = st.turn_ns as f64 / st.turns.max(1) as f64 / 1e6;
+            assert!(
+                mean_ms < 120.0,
+                "{ka} / {kb} ns kernels, {what}: turns of {mean_ms:.1} ms on average (a quantum is 100)"
+            );
+        }
+    }
+}
+
 /// Issue 25's root: a tenant that launched a little for seconds (PyTorch importing,
 /// benchmarking cuDNN, warming up) was never idle long enough to be brought level, fell
 /// seconds behind, and then took 95% of the device for 4 s.
