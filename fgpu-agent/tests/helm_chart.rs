@@ -81,6 +81,8 @@ fn chart_lints_renders_and_validates_strictly_against_1_34_to_1_37() {
         "path: /healthz",
         "path: /readyz",
         "fieldPath: spec.nodeName",
+        // Never two agents on a node (docs/kubernetes.md, "Upgrade").
+        "maxUnavailable: 1\n      maxSurge: 0\n",
     ] {
         assert!(dra.contains(needle), "the DaemonSet lacks {needle}");
     }
