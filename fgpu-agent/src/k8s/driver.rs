@@ -94,7 +94,7 @@ impl Driver {
             if let Some(p) = st.ckpt.claims.get(uid).cloned() {
                 // Prepared before (perhaps before a restart): the same answer, limits put back.
                 for pod in &p.plan.pods {
-                    self.ensure_pod(&mut st, pod)?;
+                    self.ensure_pod(&mut st, pod).await?;
                 }
                 return Ok(Some(p));
             }
@@ -125,7 +125,7 @@ impl Driver {
         st.ckpt.claims.insert(uid.to_string(), prepared.clone());
         st.ckpt.save()?;
         for pod in &prepared.plan.pods {
-            self.ensure_pod(&mut st, pod)?;
+            self.ensure_pod(&mut st, pod).await?;
         }
         tracing::info!(
             claim = %format!("{namespace}/{name}"), uid, device = %prepared.plan.device,
@@ -148,7 +148,7 @@ impl Driver {
         }
         st.ckpt.save()?;
         for pod in &p.plan.pods {
-            self.ensure_pod(&mut st, pod)?;
+            self.ensure_pod(&mut st, pod).await?;
         }
         tracing::info!(uid, "claim unprepared");
         Ok(())
@@ -179,7 +179,7 @@ impl Driver {
                 if reassert {
                     st.applied.remove(&pod);
                 }
-                if let Err(err) = self.ensure_pod(&mut st, &pod) {
+                if let Err(err) = self.ensure_pod(&mut st, &pod).await {
                     tracing::warn!(pod, "cannot limit the pod: {err:#}");
                 }
             }
@@ -241,7 +241,7 @@ impl Driver {
                      the others are, each on its own (together they may use {sharers} times \
                      it)"
                 );
-                if let Err(err) = self.ensure_pod(&mut st, pod) {
+                if let Err(err) = self.ensure_pod(&mut st, pod).await {
                     tracing::warn!(pod, "cannot limit the pod: {err:#}");
                 }
             }
@@ -265,7 +265,7 @@ impl Driver {
         pod_limit(&self.cfg.gpus, &plans)
     }
 
-    fn ensure_pod(&self, st: &mut State, pod: &str) -> Result<()> {
+    async fn ensure_pod(&self, st: &mut State, pod: &str) -> Result<()> {
         let want = self.pod_limit(st, pod);
         let found = podcgroup::find(&self.cfg.cgroup_mount, &self.cfg.cgroup_parent, pod);
         match (want, found) {
@@ -299,7 +299,7 @@ impl Driver {
                     ..LimitSetRequest::default()
                 };
                 let mut limit = limit;
-                if let Err(err) = self.ask(Kind::LimitSet, serde_json::to_vec(&req)?) {
+                if let Err(err) = self.ask(Kind::LimitSet, serde_json::to_vec(&req)?).await {
                     if limit.memory_gpus.is_empty() && limit.compute_gpus.is_empty() {
                         return Err(err)
                             .with_context(|| format!("setting pod {pod}'s limit on {cg}"));
@@ -315,6 +315,7 @@ impl Driver {
                         ..req
                     };
                     self.ask(Kind::LimitSet, serde_json::to_vec(&req)?)
+                        .await
                         .with_context(|| format!("setting pod {pod}'s limit on {cg}"))?;
                 }
                 tracing::info!(pod, cgroup = %cg, memory = ?limit.memory_bytes, compute = ?limit.compute_pct, memory_gpus = ?limit.memory_gpus, compute_gpus = ?limit.compute_gpus, "pod limited");
@@ -348,7 +349,7 @@ impl Driver {
                 st.applied.remove(pod);
                 st.missing.remove(pod);
                 let req = TargetRequest { target: cg.clone() };
-                if let Err(err) = self.ask(Kind::LimitRemove, serde_json::to_vec(&req)?) {
+                if let Err(err) = self.ask(Kind::LimitRemove, serde_json::to_vec(&req)?).await {
                     tracing::debug!(pod, "removing the limit on {cg}: {err:#}");
                 }
             }
@@ -360,13 +361,22 @@ impl Driver {
         Ok(())
     }
 
-    fn ask(&self, kind: Kind, body: Vec<u8>) -> Result<Bytes> {
-        crate::cli::client::request(
-            &self.cfg.admin_socket,
-            kind,
-            Bytes::from(body),
-            Kind::LimitReply,
-        )
+    /// One call to the agent. The client is a blocking socket call (a 10 s read timeout), so
+    /// it runs on tokio's blocking pool: a busy or hung agent then holds the state lock (the
+    /// driver's calls wait their turn) but no runtime thread. Made on a runtime thread, as
+    /// it was, it stalled the plugin (issue 26): with one thread, both gRPC servers; with two
+    /// workers too, as the other worker, parked on a condition variable, was not woken to
+    /// drive I/O and timers (no connection accepted, GetInfo unanswered). `block_in_place`
+    /// is not enough either: the reconciler runs on the thread that accepts both servers'
+    /// connections, which it would block. Test: e2e_kubernetes_pod.rs,
+    /// `privileged_a_hung_agent_does_not_stall_the_plugins_registration`.
+    async fn ask(&self, kind: Kind, body: Vec<u8>) -> Result<Bytes> {
+        let socket = self.cfg.admin_socket.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::cli::client::request(&socket, kind, Bytes::from(body), Kind::LimitReply)
+        })
+        .await
+        .context("the call to the agent")?
     }
 }
 

@@ -123,8 +123,9 @@ pub fn run(args: &KubeletPluginArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--driver-name {}: {e}", args.driver_name))?;
     // One TLS provider for the API server's connection, whatever else links rustls.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    // Two workers: a call to the agent that waits (a busy or hung agent) must not stall the
-    // other gRPC server, the registration handshake or the slice's upkeep.
+    // A call to the agent that waits (a busy or hung agent) must not stall the gRPC servers,
+    // the registration handshake or the slice's upkeep: those calls run on the blocking pool
+    // (driver.rs, `ask`), as two workers alone did not keep them from stalling the runtime.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -266,6 +267,8 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
         .serve_with_incoming(reg_incoming);
     let d = driver.clone();
     let claim_recheck = Duration::from_secs(args.claim_recheck);
+    // The reconciler runs on this thread, which also accepts both servers' connections:
+    // nothing in it may block (its calls to the agent are on the blocking pool).
     let reconciler = async move {
         let mut tick = tokio::time::interval(Duration::from_millis(200));
         let mut n: u64 = 0;
