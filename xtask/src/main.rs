@@ -6,6 +6,7 @@ mod build;
 mod bundle;
 mod dist_docs;
 mod fuzz;
+mod layers;
 mod run;
 mod test;
 mod util;
@@ -34,6 +35,9 @@ enum Task {
     /// Run the fuzz targets (fuzz/: frame decoder, Hello, control requests, TARGETs) for a
     /// bounded time each; fails on a crash.
     Fuzz(fuzz::FuzzArgs),
+    /// Check that imports run one way: each crate's modules in layers, bottom first
+    /// (xtask/src/layers.rs); a module may not use one of a layer above its own.
+    Layers,
     /// Rebuild fgpu-ebpf/out/fgpu.bpf.o from the C sources with clang-19 (`--check`: compare only).
     Bpf(bpf::BpfArgs),
     /// Stripped release binaries, the simulated driver and the GPU scripts in one folder
@@ -53,6 +57,7 @@ fn main() -> std::process::ExitCode {
         Task::Bench(args) => bench::run(&args),
         Task::Bpf(args) => bpf::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),
+        Task::Layers => layers::run(),
         Task::DeviceBundle(args) => bundle::run(&args),
         Task::DistDocs(args) => dist_docs::run(&args),
     };

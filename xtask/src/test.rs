@@ -1,5 +1,5 @@
-//! `cargo xtask test`: everything CI checks, in the order that fails fastest: fmt, clippy,
-//! the eBPF object, a short bounded run of every fuzz target, the build, then all tests.
+//! `cargo xtask test`: everything CI checks, in the order that fails fastest: the layers
+//! (imports run one way, `cargo xtask layers`), fmt, clippy, the eBPF object, a short bounded run of every fuzz target, the build, then all tests.
 //!
 //! The end-to-end tests load eBPF programs, create cgroups and PID namespaces: they are
 //! named `privileged_*`, need root, and are part of the normal suite. As root they all
@@ -44,6 +44,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
         );
     }
     if !args.no_lint {
+        crate::layers::run()?;
         step("cargo fmt --check");
         exec(cargo().args(["fmt", "--all", "--", "--check"]))?;
         step("cargo clippy --all-targets -D warnings");

@@ -1,0 +1,394 @@
+//! `cargo xtask layers`: imports run one way. A crate's top-level modules are listed in
+//! layers, bottom first (the data below); a module may use its own layer's modules and those
+//! below it, never one above. A `crate::NAME` path or a use of a macro that another module
+//! defines (`macro_rules!`) counts as using that module. A module missing from the list, or
+//! listed but gone, fails too, so that the list stays the crate's map (docs/architecture.md).
+//!
+//! A layer of more than one module is a group whose modules may use each other: today's
+//! import loops, each named in docs/architecture.md with the reason. Issue 27 removes them
+//! by splitting the groups; the check keeps a new import from running back up meanwhile.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{root, step};
+
+/// One crate's source folder and its layers, bottom first.
+pub struct Crate {
+    pub src: &'static str,
+    pub layers: &'static [&'static [&'static str]],
+}
+
+/// The shim (libfgpu.so), bottom first.
+pub const SHIM: Crate = Crate {
+    src: "shim/src",
+    layers: &[
+        // Logging and the interposition table: use nothing of the crate.
+        &["log", "table"],
+        // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): the
+        // data paths run down (alloc -> account -> ledger), control signals climb back up
+        // (real installs the launch hooks, config forwards to ledger_file, ledger_file and
+        // agent_link call each other, the gate names hip, alloc hosts `real_or_3!`, gpa
+        // hands out the array and memory-info entry points).
+        &[
+            "account",
+            "agent_link",
+            "alloc",
+            "array",
+            "config",
+            "context",
+            "dlsym",
+            "gate",
+            "gpa",
+            "hip",
+            "hook",
+            "launch",
+            "ledger_file",
+            "meminfo",
+            "nvml",
+            "pool",
+            "real",
+            "vmm",
+        ],
+        // The fork handler, over the rest.
+        &["fork"],
+    ],
+};
+
+/// An import that runs up: `from` (layer `from_layer`) uses `to` (layer `to_layer`).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub file: PathBuf,
+    pub line: usize,
+    pub from: String,
+    pub to: String,
+    pub what: String,
+}
+
+/// Checks one crate under `root`; returns the imports that run up, or an error for a module
+/// the layers do not list (or list but the crate lacks).
+pub fn check(root: &Path, krate: &Crate) -> Result<Vec<Violation>> {
+    let src = root.join(krate.src);
+    let mut layer_of: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, layer) in krate.layers.iter().enumerate() {
+        for m in *layer {
+            if layer_of.insert(m, i).is_some() {
+                bail!("{}: module {m} is listed twice", krate.src);
+            }
+        }
+    }
+    let files = rust_files(&src)?;
+    let mut modules: BTreeSet<String> = BTreeSet::new();
+    // Macro name -> the modules that define it.
+    let mut macros: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut texts = Vec::new();
+    for f in &files {
+        let Some(module) = top_module(&src, f) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?;
+        for name in macro_names(&text) {
+            macros.entry(name).or_default().push(module.clone());
+        }
+        modules.insert(module.clone());
+        texts.push((f.clone(), module, text));
+    }
+    let missing: Vec<&String> = modules
+        .iter()
+        .filter(|m| !layer_of.contains_key(m.as_str()))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{}: modules not in the layer list (xtask/src/layers.rs): {missing:?}; place each in its layer",
+            krate.src
+        );
+    }
+    let gone: Vec<&&str> = layer_of.keys().filter(|m| !modules.contains(**m)).collect();
+    if !gone.is_empty() {
+        bail!(
+            "{}: listed in xtask/src/layers.rs but not in the crate: {gone:?}",
+            krate.src
+        );
+    }
+    // A macro used where it is not defined comes from the lowest of the modules that define
+    // it (the most the use can be sure of).
+    let lowest: BTreeMap<String, String> = macros
+        .iter()
+        .filter_map(|(name, defs)| {
+            let low = defs.iter().min_by_key(|m| layer_of[m.as_str()])?;
+            Some((name.clone(), low.clone()))
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (file, module, text) in &texts {
+        let from = layer_of[module.as_str()];
+        let code = without_comments(text);
+        for (at, to, what) in uses(&code, &lowest) {
+            let own_macro = what.ends_with('!')
+                && macros
+                    .get(what.trim_end_matches('!'))
+                    .is_some_and(|defs| defs.contains(module));
+            if to == *module || own_macro {
+                continue;
+            }
+            if let Some(&l) = layer_of.get(to.as_str())
+                && l > from
+            {
+                out.push(Violation {
+                    file: file.strip_prefix(root).unwrap_or(file).to_path_buf(),
+                    line: code[..at].matches('\n').count() + 1,
+                    from: module.clone(),
+                    to,
+                    what,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `cargo xtask layers`, and the step of `cargo xtask test`.
+pub fn run() -> Result<()> {
+    step("imports run one way (xtask/src/layers.rs)");
+    let mut bad = 0;
+    for krate in [&SHIM] {
+        let v = check(&root(), krate)?;
+        for x in &v {
+            eprintln!(
+                "{}:{}: {} uses {} ({}): an import that runs up the layers",
+                x.file.display(),
+                x.line,
+                x.from,
+                x.to,
+                x.what
+            );
+        }
+        bad += v.len();
+        let widest = krate.layers.iter().map(|l| l.len()).max().unwrap_or(0);
+        println!(
+            "{}: {} modules in {} layers (the widest {widest}), {}",
+            krate.src,
+            krate.layers.iter().map(|l| l.len()).sum::<usize>(),
+            krate.layers.len(),
+            if v.is_empty() {
+                "no import runs up".to_string()
+            } else {
+                format!("{} imports run up", v.len())
+            }
+        );
+    }
+    if bad > 0 {
+        bail!("{bad} imports run up the layers: move the code down, or pass a callback up");
+    }
+    Ok(())
+}
+
+/// Every `.rs` file under `dir`, sorted.
+fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| format!("{}", d.display()))? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The top-level module a file belongs to (`gate/batch.rs` -> `gate`); none for the crate
+/// root (`lib.rs`, `main.rs`), which sits above every layer.
+fn top_module(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).ok()?;
+    let first = rel.components().next()?.as_os_str().to_str()?;
+    match first.strip_suffix(".rs") {
+        Some("lib" | "main") => None,
+        Some(m) => Some(m.to_string()),
+        None => Some(first.to_string()),
+    }
+}
+
+/// The macros a file defines with `macro_rules! NAME`.
+fn macro_names(text: &str) -> Vec<String> {
+    text.match_indices("macro_rules!")
+        .filter_map(|(i, m)| {
+            let rest = text[i + m.len()..].trim_start();
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
+/// `text` with its `//` comments blanked (lines kept, so offsets still give line numbers).
+fn without_comments(text: &str) -> String {
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The modules `code` uses, each with its byte offset and what was seen: `crate::NAME` paths
+/// (also each item of a `use crate::{a::x, b}` group, over several lines and nested braces)
+/// and macros defined elsewhere (`NAME!`).
+fn uses(code: &str, macros: &BTreeMap<String, String>) -> Vec<(usize, String, String)> {
+    let mut out = Vec::new();
+    for (i, m) in code.match_indices("crate::") {
+        let rest = &code[i + m.len()..];
+        let Some(group) = rest.strip_prefix('{') else {
+            let name = ident(rest);
+            if !name.is_empty() {
+                out.push((i, name.clone(), format!("crate::{name}")));
+            }
+            continue;
+        };
+        // The group's items at depth 0: the first segment of each.
+        let (mut depth, mut item_start) = (0usize, true);
+        for (j, c) in group.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth == 0 => break,
+                '}' => depth -= 1,
+                ',' if depth == 0 => item_start = true,
+                c if item_start && (c.is_alphanumeric() || c == '_') => {
+                    item_start = false;
+                    let name = ident(&group[j..]);
+                    out.push((i, name.clone(), format!("crate::{name}")));
+                }
+                _ => {}
+            }
+        }
+    }
+    for (name, module) in macros {
+        let call = format!("{name}!");
+        for (start, _) in code.match_indices(&call) {
+            let before = code[..start].chars().next_back();
+            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                && !code[..start].trim_end().ends_with("macro_rules!")
+            {
+                out.push((start, module.clone(), call.clone()));
+            }
+        }
+    }
+    out
+}
+
+fn ident(s: &str) -> String {
+    s.chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOY: Crate = Crate {
+        src: "src",
+        layers: &[&["low"], &["mid_a", "mid_b"], &["high"]],
+    };
+
+    fn tree(files: &[(&str, &str)]) -> PathBuf {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("xtask-layers-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (path, text) in files {
+            let p = dir.join("src").join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn downward_and_in_group_imports_pass() {
+        let dir = tree(&[
+            (
+                "lib.rs",
+                "mod low; mod mid_a; mod mid_b; mod high; use crate::high::x;",
+            ),
+            ("low.rs", "macro_rules! shout { () => {} }\npub fn f() {}"),
+            (
+                "mid_a.rs",
+                "use crate::{\n    low::{f, g},\n    mid_b,\n};\nfn g() { shout!(); }",
+            ),
+            (
+                "mid_b/mod.rs",
+                "use crate::mid_a::g; // crate::high in a comment",
+            ),
+            ("mid_b/inner.rs", "fn h() { crate::low::f(); }"),
+            ("high.rs", "use crate::mid_b;"),
+        ]);
+        assert_eq!(check(&dir, &TOY).unwrap(), vec![]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_upward_path_or_macro_is_found_with_its_line() {
+        let dir = tree(&[
+            ("low.rs", "pub fn f() {}\nfn g() { crate::mid_a::x(); }"),
+            (
+                "mid_a.rs",
+                "use crate::{\n    low::{a, b},\n    high::y,\n};",
+            ),
+            ("mid_b.rs", "fn k() { loud!(); }"),
+            ("high.rs", "macro_rules! loud { () => {} }"),
+        ]);
+        let v = check(&dir, &TOY).unwrap();
+        let got: Vec<(&str, usize, &str, &str)> = v
+            .iter()
+            .map(|x| {
+                (
+                    x.file.to_str().unwrap(),
+                    x.line,
+                    x.from.as_str(),
+                    x.to.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("src/low.rs", 2, "low", "mid_a"),
+                ("src/mid_a.rs", 1, "mid_a", "high"),
+                ("src/mid_b.rs", 1, "mid_b", "high"),
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_module_missing_from_the_list_or_gone_fails() {
+        let dir = tree(&[
+            ("low.rs", ""),
+            ("mid_a.rs", ""),
+            ("mid_b.rs", ""),
+            ("high.rs", ""),
+            ("extra.rs", ""),
+        ]);
+        let err = check(&dir, &TOY).unwrap_err().to_string();
+        assert!(err.contains("\"extra\""), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+        let dir = tree(&[("low.rs", ""), ("mid_a.rs", ""), ("high.rs", "")]);
+        let err = check(&dir, &TOY).unwrap_err().to_string();
+        assert!(err.contains("\"mid_b\""), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_shim_keeps_its_layers() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let v = check(&root, &SHIM).unwrap();
+        assert!(v.is_empty(), "{v:#?}");
+    }
+}
