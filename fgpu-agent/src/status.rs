@@ -1,5 +1,5 @@
 //! The status report: what `fgpu status --json` prints, one element per cgroup that uses a
-//! GPU. Field names are a contract (DESIGN.md section 2); add fields, never rename them.
+//! GPU. Field names are a contract (docs/design.md section 2); add fields, never rename them.
 
 use std::collections::BTreeMap;
 

@@ -6,7 +6,7 @@ Steps (each worker is a separate process with its own timeout):
   (ii)  matmul loop, FGPU_COMPUTE_SHARE=30: achieved fraction of (i)      target 30 +- 5
   (iii) graph replay loop, FGPU_COMPUTE_SHARE=50: fraction of its (i)     target 50 +- 5
   (iv)  LD_PRELOAD, no limit: matmul throughput >= 99% of (i); a launch-bound loop of tiny
-        kernels with and without the shim (DESIGN.md section 7: <= 1% overhead)
+        kernels with and without the shim (docs/design.md section 7: <= 1% overhead)
   (v)   two matmul loops at once without fgpu (the driver's own time-slicing), for comparison
   (vi)  two matmul loops at once, one FGPU_COMPUTE_SHARE=30, one unlimited: the capped one's
         fraction (<= 35 expected; the event-measured GPU time includes time-slices given to

@@ -1,4 +1,4 @@
-//! The per-cgroup ledgers the agent hands to shims (DESIGN.md section 5).
+//! The per-cgroup ledgers the agent hands to shims (docs/design.md, section 5).
 //!
 //! Each ledger is two memfds mapped back to back into the agent: the `Limits` page, which
 //! the agent writes and seals with `F_SEAL_FUTURE_WRITE` before handing it out (so shims can

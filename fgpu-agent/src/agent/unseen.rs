@@ -34,7 +34,7 @@ use super::budget::is_under;
 use super::report::State;
 
 /// Default `--unseen-tolerance`: above a PyTorch process's context and lazily loaded modules
-/// on an H200 (about 0.6 GiB, DESIGN.md section 2).
+/// on an H200 (about 0.6 GiB, docs/design.md section 2).
 pub const DEFAULT_TOLERANCE: &str = "1GiB";
 
 /// One process's memory on one GPU as the driver counts it.
