@@ -100,6 +100,35 @@ pub struct LimitSetRequest {
     pub compute_gpus: BTreeMap<String, u8>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub compute_cap_gpus: BTreeMap<String, u8>,
+    /// The Kubernetes pod whose own cgroup `target` is (the kubelet plugin's pod limits):
+    /// the agent keeps its namespace and name with the limit, for the status report. Not
+    /// kept for a target that is not a pod's cgroup; never part of the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodName>,
+}
+
+/// A Kubernetes pod's namespace and name (display only: no limit depends on them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PodName {
+    /// Whether both are Kubernetes object names ([`is_object_name`]): nothing else is kept,
+    /// so that they print as they are.
+    pub fn is_valid(&self) -> bool {
+        is_object_name(&self.namespace) && is_object_name(&self.name)
+    }
+}
+
+/// A Kubernetes object name (DNS subdomain: lower-case letters, digits, `-` and `.`, at most
+/// 253).
+pub fn is_object_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 253
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
 }
 
 impl Limit {

@@ -94,6 +94,15 @@ pub struct CgroupStatus {
     /// where an fgpu DRA claim names it, else `pod <uid>`; `null` outside pods.
     #[serde(default)]
     pub pod: Option<String>,
+    /// That pod's UID, from the cgroup's name (`null` outside pods).
+    #[serde(default)]
+    pub pod_uid: Option<String>,
+    /// That pod's namespace and name, as the kubelet plugin gave them with the limit it set
+    /// on the pod's cgroup (`null` where no fgpu DRA claim names the pod).
+    #[serde(default)]
+    pub pod_namespace: Option<String>,
+    #[serde(default)]
+    pub pod_name: Option<String>,
 }
 
 impl CgroupStatus {
@@ -125,6 +134,9 @@ impl CgroupStatus {
             compute_nvml_pct: None,
             container_id: None,
             pod: None,
+            pod_uid: None,
+            pod_namespace: None,
+            pod_name: None,
         }
     }
 }
@@ -192,4 +204,40 @@ pub struct StatusReport {
     /// answer): no node-wide counters or libraries then.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_only: bool,
+}
+
+/// Longest text [`printable`] keeps; longer text is cut (on a character boundary).
+const MAX_PRINTABLE: usize = 512;
+
+/// A name from the report (a cgroup path, a GPU's name or UUID, the node's name) made safe
+/// to print where nothing escapes it: metrics label values (the exposition does not escape)
+/// and `fgpu top`'s rows. `\`, `"` and control characters (a cgroup's name may hold a
+/// newline) become `_`, and long text is cut at 512 bytes.
+pub fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len().min(MAX_PRINTABLE));
+    for c in s.chars() {
+        if out.len() + c.len_utf8() > MAX_PRINTABLE {
+            break;
+        }
+        out.push(if c == '\\' || c == '"' || c.is_control() {
+            '_'
+        } else {
+            c
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printed_names_cannot_break_the_exposition() {
+        assert_eq!(printable("/a\"b\\c\nd}"), "/a_b_c_d}");
+        assert_eq!(printable("/ok-é"), "/ok-é");
+        let long = "é".repeat(1000);
+        let v = printable(&long);
+        assert!(v.len() <= MAX_PRINTABLE && v.chars().all(|c| c == 'é'));
+    }
 }

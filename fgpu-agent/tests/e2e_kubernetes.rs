@@ -337,9 +337,9 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
         String::from_utf8_lossy(&out.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for (cg, pod, ctr) in [
-        (&cgroups.0[4], "team-a/pod-a", "a1".repeat(32)),
-        (&cgroups.0[9], "team-a/pod-b", "b1".repeat(32)),
+    for (cg, pod, ctr, uid) in [
+        (&cgroups.0[4], "team-a/pod-a", "a1".repeat(32), POD_A),
+        (&cgroups.0[9], "team-a/pod-b", "b1".repeat(32), POD_B),
     ] {
         let row = report
             .as_array()
@@ -349,6 +349,14 @@ fn privileged_dra_claims_become_pod_limits_that_workloads_see_and_stop_at() {
             .unwrap_or_else(|| panic!("no row for {}: {report}", cg.path));
         assert_eq!(row["pod"], pod, "{row}");
         assert_eq!(row["container_id"], ctr.as_str(), "{row}");
+        // As data too: the UID from the cgroup's name, the names the plugin sent.
+        assert_eq!(row["pod_uid"], uid, "{row}");
+        assert_eq!(row["pod_namespace"], "team-a", "{row}");
+        assert_eq!(
+            row["pod_name"],
+            pod.strip_prefix("team-a/").unwrap(),
+            "{row}"
+        );
     }
     let table = Command::new(env!("CARGO_BIN_EXE_fgpu"))
         .args(["status", "--socket"])

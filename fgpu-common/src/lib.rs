@@ -7,13 +7,13 @@
 //! - [`quantity`]: the SIZE (`8GiB`, `512MiB`, `8GB`, bytes) and PCT (`30%`) forms of the CLI
 //!   and the environment.
 //! - [`event`]: the records the eBPF programs write, mirrored from `fgpu-ebpf/src/bpf/fgpu.h`.
-//! - [`cgroup`]: cgroup v2 paths from `/proc/PID/cgroup`, and Kubernetes identity in them.
-//! - [`container`]: container ids in cgroup paths (docker, podman, containerd, CRI-O).
+//! - [`cgroup`]: cgroup v2 paths from `/proc/PID/cgroup`; [`cgroup::naming`]: the container
+//!   (docker, podman, containerd, CRI-O), Kubernetes pod and QoS class a path names, and the
+//!   names the kubelet gives a pod's cgroup.
 //! - [`proto`]: framing of the agent's unix-socket protocol.
 
 pub mod cgroup;
 pub mod clock;
-pub mod container;
 pub mod event;
 pub mod ledger;
 pub mod proto;

@@ -1,11 +1,11 @@
 //! `container:ID` targets: the cgroup of a docker, podman, containerd (CRI) or CRI-O
 //! container, by full id or unique prefix, under the systemd or the cgroupfs driver
-//! (naming in [`fgpu_common::container`]).
+//! (naming in [`fgpu_common::cgroup::naming`]).
 
 use std::path::Path;
 
 use anyhow::{Result, bail};
-use fgpu_common::container::{ContainerId, container_segment};
+use fgpu_common::cgroup::naming::{Container, container_segment};
 
 /// Shortest prefix accepted: shorter ones match too much by accident.
 pub const MIN_PREFIX: usize = 4;
@@ -45,7 +45,7 @@ pub fn resolve(target: &str, id_or_prefix: &str, mount: &Path) -> Result<String>
 }
 
 /// Every container cgroup whose id starts with `prefix`.
-fn find(mount: &Path, prefix: &str) -> Vec<(String, ContainerId)> {
+fn find(mount: &Path, prefix: &str) -> Vec<(String, Container)> {
     let mut out = Vec::new();
     let mut stack = vec![(mount.to_path_buf(), 0usize)];
     while let Some((dir, depth)) = stack.pop() {

@@ -17,7 +17,7 @@ use super::peer::Caller;
 use super::report::State;
 use super::request::{self, Request};
 use super::targets;
-use crate::api::{Limit, LimitEntry, LimitSetRequest, TargetRequest};
+use crate::api::{Limit, LimitEntry, LimitSetRequest, PodName, TargetRequest};
 use crate::status::{CgroupStatus, StatusReport};
 
 /// Who is asking, from the socket's SO_PEERCRED.
@@ -215,6 +215,9 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
         if !clear.is_empty() {
             store.clear_gpus(&cgroup, &clear)?;
         }
+        if let Some(pod) = &req.pod {
+            keep_pod_name(&mut store, &cgroup, pod);
+        }
     }
     state.backstop.limits_changed();
     state.apply_limits();
@@ -290,6 +293,23 @@ fn limit_remove(state: &State, caller: &Caller, req: &TargetRequest) -> Result<F
         "limit removed"
     );
     reply(&entry(state, &cgroup))
+}
+
+/// Keeps the name the kubelet plugin gave with a pod's limit, if `cgroup` is a pod's own
+/// cgroup and the name a Kubernetes name; the limit stands either way.
+fn keep_pod_name(store: &mut super::limits::LimitStore, cgroup: &str, pod: &PodName) {
+    let is_pod = fgpu_common::cgroup::naming::identity(cgroup)
+        .pod
+        .is_some_and(|p| p.cgroup == cgroup);
+    if !is_pod || !pod.is_valid() {
+        tracing::warn!(
+            cgroup,
+            ?pod,
+            "a pod name not kept: not a pod's cgroup, or not a name"
+        );
+    } else if let Err(err) = store.set_pod(cgroup, pod) {
+        tracing::warn!(cgroup, "{err:#}");
+    }
 }
 
 fn validate(state: &State, limit: &Limit) -> Result<()> {

@@ -9,6 +9,10 @@
 //! cgroup and its ancestors applies. Compute settings are inherited
 //! field by field from the nearest cgroup that sets them. The file is rewritten atomically (temporary file, fsync, rename) on every change,
 //! and a change that cannot be persisted is not applied.
+//!
+//! Beside a limit on a pod's cgroup the store keeps the pod's namespace and name, as the
+//! kubelet plugin gave them (in `pods.json`): the status report names pods by them, and they
+//! go with the limit.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt;
@@ -16,14 +20,17 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::api::Limit;
+use crate::api::{Limit, PodName};
 
 pub const FILE: &str = "limits.json";
+/// The pods' names, by the cgroup whose limit they go with.
+pub const PODS_FILE: &str = "pods.json";
 
 #[derive(Debug)]
 pub struct LimitStore {
     file: PathBuf,
     limits: BTreeMap<String, Limit>,
+    pods: BTreeMap<String, PodName>,
 }
 
 impl LimitStore {
@@ -49,7 +56,33 @@ impl LimitStore {
                 return Err(err).with_context(|| format!("reading {}", file.display()));
             }
         };
-        Ok(Self { file, limits })
+        // Names only label the status: a file that cannot be read is left out (the kubelet
+        // plugin sends them again with the limits it reasserts).
+        let pods_file = state_dir.join(PODS_FILE);
+        let pods = match std::fs::read(&pods_file) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|err| {
+                tracing::warn!(file = %pods_file.display(), "pods' names not read: {err}");
+                BTreeMap::new()
+            }),
+            Err(_) => BTreeMap::new(),
+        };
+        Ok(Self { file, limits, pods })
+    }
+
+    /// The name of the pod whose own cgroup `cgroup` is, as given with its limit.
+    pub fn pod(&self, cgroup: &str) -> Option<&PodName> {
+        self.pods.get(cgroup)
+    }
+
+    /// Keeps `pod` as the name of the pod whose cgroup `cgroup` is, while `cgroup` has a
+    /// limit of its own (none kept otherwise).
+    pub fn set_pod(&mut self, cgroup: &str, pod: &PodName) -> Result<()> {
+        if !self.limits.contains_key(cgroup) || self.pods.get(cgroup) == Some(pod) {
+            return Ok(());
+        }
+        let mut next = self.pods.clone();
+        next.insert(cgroup.to_string(), pod.clone());
+        self.commit_pods(next)
     }
 
     /// The limit set on exactly this cgroup.
@@ -147,7 +180,8 @@ impl LimitStore {
         Ok(Some(result))
     }
 
-    /// Removes `cgroup`'s own limit; returns it, or `None` if it had none.
+    /// Removes `cgroup`'s own limit (and the pod name kept with it); returns it, or `None`
+    /// if it had none.
     pub fn remove(&mut self, cgroup: &str) -> Result<Option<Limit>> {
         let mut next = self.limits.clone();
         let removed = next.remove(cgroup);
@@ -157,12 +191,31 @@ impl LimitStore {
         Ok(removed)
     }
 
+    /// Writes `next`; then forgets the pod names of cgroups left without a limit (a failure
+    /// to write those is only said: the names are labels).
     fn commit(&mut self, next: BTreeMap<String, Limit>) -> Result<()> {
         let tmp = self.file.with_extension("json.tmp");
         let bytes = serde_json::to_vec_pretty(&next)?;
         crate::statefile::write_atomic(&self.file, &tmp, &bytes, 0o600)
             .with_context(|| format!("saving limits to {}", self.file.display()))?;
         self.limits = next;
+        if self.pods.keys().any(|cg| !self.limits.contains_key(cg)) {
+            let mut pods = self.pods.clone();
+            pods.retain(|cg, _| self.limits.contains_key(cg));
+            if let Err(err) = self.commit_pods(pods) {
+                tracing::warn!("{err:#}");
+            }
+        }
+        Ok(())
+    }
+
+    fn commit_pods(&mut self, next: BTreeMap<String, PodName>) -> Result<()> {
+        let file = self.file.with_file_name(PODS_FILE);
+        let tmp = file.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(&next)?;
+        crate::statefile::write_atomic(&file, &tmp, &bytes, 0o600)
+            .with_context(|| format!("saving the pods' names to {}", file.display()))?;
+        self.pods = next;
         Ok(())
     }
 }
@@ -398,6 +451,38 @@ mod tests {
         );
         assert!(s.own("/pod/job").is_none(), "a limit left empty is removed");
         assert!(LimitStore::open(&d).unwrap().own("/pod/job").is_none());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_pods_name_goes_with_its_limit() {
+        let d = dir();
+        let name = PodName {
+            namespace: "team-a".into(),
+            name: "pod-a".into(),
+        };
+        let mut s = LimitStore::open(&d).unwrap();
+        s.set_pod("/kubepods/pod1", &name).unwrap();
+        assert_eq!(s.pod("/kubepods/pod1"), None, "no limit, no name kept");
+        s.set("/kubepods/pod1", &mem(1 << 30)).unwrap();
+        s.set("/kubepods/pod2", &mem(1 << 30)).unwrap();
+        s.set_pod("/kubepods/pod1", &name).unwrap();
+        s.set_pod("/kubepods/pod2", &name).unwrap();
+        drop(s);
+        let mut s = LimitStore::open(&d).unwrap();
+        assert_eq!(s.pod("/kubepods/pod1"), Some(&name), "survives a restart");
+        s.remove("/kubepods/pod1").unwrap();
+        assert_eq!(s.pod("/kubepods/pod1"), None, "gone with the limit");
+        s.set("/kubepods/pod2", &on_gpu("GPU-0", 1)).unwrap();
+        s.remove("/kubepods/pod2").unwrap();
+        assert_eq!(s.pod("/kubepods/pod2"), None);
+        assert_eq!(LimitStore::open(&d).unwrap().pod("/kubepods/pod2"), None);
+        // A names file that cannot be read leaves the names out, never the limits.
+        s.set("/kubepods/pod3", &mem(1 << 30)).unwrap();
+        std::fs::write(d.join(PODS_FILE), b"{not json").unwrap();
+        let s = LimitStore::open(&d).unwrap();
+        assert_eq!(s.pod("/kubepods/pod3"), None);
+        assert!(s.own("/kubepods/pod3").is_some());
         std::fs::remove_dir_all(&d).unwrap();
     }
 

@@ -246,7 +246,6 @@ pub fn run(args: AgentArgs) -> Result<()> {
 
     let state = Arc::new(report::State {
         cgroup2_mount: host.cgroup2_mount.clone(),
-        state_dir: args.state_dir.clone(),
         kernel: Mutex::new(kernel),
         limits: Mutex::new(limits),
         bound: Mutex::new(bound),

@@ -46,10 +46,11 @@ pub fn adopt(own: &str) -> Result<()> {
 /// The pod cgroup of container cgroup `own`, or why it is not one.
 fn pod_of(own: &str) -> Result<String> {
     let (parent, leaf) = own.rsplit_once('/').unwrap_or(("", own));
-    // The parent's own name must be the pod's (`pod<uid>`, `kubepods-…-pod<uid>.slice`): a
-    // cgroup further below a container is not one.
-    let parent_name = parent.rsplit('/').next().unwrap_or_default();
-    let parent_is_pod = fgpu_common::cgroup::kube_identity(parent_name).is_some();
+    // The parent must be the pod's own cgroup (`…/kubepods…/pod<uid>`,
+    // `kubepods-…-pod<uid>.slice`): a cgroup further below a container is not one.
+    let parent_is_pod = fgpu_common::cgroup::naming::identity(parent)
+        .pod
+        .is_some_and(|pod| pod.cgroup == parent);
     if !parent_is_pod || leaf.is_empty() {
         bail!(
             "--admin-own-pod: the agent's cgroup {own} is not a container of a Kubernetes pod \

@@ -16,12 +16,11 @@ use super::gpus::Gpus;
 use super::kernel::{KernelMaps, Snapshot};
 use super::ledgers::Ledgers;
 use super::limits::LimitStore;
+use crate::api::PodName;
 use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
 
 pub struct State {
     pub cgroup2_mount: PathBuf,
-    /// The agent's state directory (the DRA plugin's checkpoints there name pods).
-    pub state_dir: PathBuf,
     pub kernel: Mutex<KernelMaps>,
     pub limits: Mutex<LimitStore>,
     /// Limits removed with their cgroup (containers' limits from the CDI hook).
@@ -80,11 +79,9 @@ impl State {
         }
         report.cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
         let nvml = nvml_by_cgroup(&self.gpus);
-        let pods = crate::k8s::identity::pod_names(&self.state_dir);
         for row in &mut report.cgroups {
-            row.pod = crate::k8s::identity::describe(&row.cgroup, &pods);
+            identify(row, |pod_cgroup| limits.pod(pod_cgroup));
             row.compute_nvml_pct = nvml.get(&row.cgroup).map(|p| (p * 10.0).round() / 10.0);
-            row.container_id = fgpu_common::container::container_of(&row.cgroup).map(|c| c.id);
             let (effective, from) = limits.effective(&row.cgroup);
             row.compute_share_pct = effective.compute_pct;
             row.compute_cap_pct = effective.compute_cap_pct;
@@ -130,6 +127,26 @@ impl State {
         let tree = super::devmap::tree(self);
         super::budget::refresh(self, &super::budget::tree_by_key(&tree));
     }
+}
+
+/// Who `row`'s cgroup belongs to: its container and pod by the cgroup's name
+/// ([`naming`](fgpu_common::cgroup::naming)), and the pod's namespace and name where the
+/// kubelet plugin gave them with the pod's limit (`names`: by the pod's cgroup). `pod` shows
+/// `namespace/name`, else `pod <uid>`.
+fn identify<'a>(row: &mut CgroupStatus, names: impl Fn(&str) -> Option<&'a PodName>) {
+    let who = fgpu_common::cgroup::naming::identity(&row.cgroup);
+    row.container_id = who.container.map(|c| c.id);
+    let Some(pod) = who.pod else {
+        return;
+    };
+    let name = names(&pod.cgroup);
+    row.pod = Some(match name {
+        Some(n) => format!("{}/{}", n.namespace, n.name),
+        None => format!("pod {}", pod.uid),
+    });
+    row.pod_namespace = name.map(|n| n.namespace.clone());
+    row.pod_name = name.map(|n| n.name.clone());
+    row.pod_uid = Some(pod.uid);
 }
 
 /// Each device entry's UUID and the limit on it; with per-GPU limits, every GPU of the node
@@ -242,6 +259,39 @@ mod tests {
             device,
             pad: 0,
         }
+    }
+
+    #[test]
+    fn rows_name_their_container_and_pod() {
+        const UID: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000a";
+        let ctr = "a1".repeat(32);
+        let pod_cg = format!("/kubepods/besteffort/pod{UID}");
+        let named = PodName {
+            namespace: "team-a".into(),
+            name: format!("pod-{UID}"),
+        };
+        let names = |cg: &str| (cg == pod_cg).then_some(&named);
+        let mut row = CgroupStatus::empty(format!("{pod_cg}/{ctr}"));
+        identify(&mut row, names);
+        let want = format!("team-a/pod-{UID}");
+        assert_eq!(row.pod, Some(want));
+        assert_eq!(row.container_id, Some(ctr.clone()));
+        assert_eq!(row.pod_uid.as_deref(), Some(UID));
+        assert_eq!(
+            (row.pod_namespace.as_deref(), row.pod_name.as_deref()),
+            (Some("team-a"), Some(named.name.as_str()))
+        );
+        let other = "/kubepods/besteffort/pod11111111-2222-3333-4444-555555555555";
+        let mut row = CgroupStatus::empty(other.into());
+        identify(&mut row, names);
+        assert_eq!(
+            row.pod.as_deref(),
+            Some("pod 11111111-2222-3333-4444-555555555555")
+        );
+        assert_eq!((row.pod_namespace, row.container_id), (None, None));
+        let mut row = CgroupStatus::empty("/system.slice/x".into());
+        identify(&mut row, names);
+        assert_eq!(row, CgroupStatus::empty("/system.slice/x".into()));
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub const MAX_TARGET: usize = 4096;
 #[derive(Debug, Clone)]
 pub enum Request {
     Status,
-    LimitSet(LimitSetRequest),
+    LimitSet(Box<LimitSetRequest>),
     LimitGet(TargetRequest),
     LimitList,
     LimitRemove(TargetRequest),
@@ -50,7 +50,7 @@ pub fn decode_parts(kind: Kind, payload: &[u8]) -> Result<Request, String> {
         Kind::LimitSet => {
             let req: LimitSetRequest = json(payload)?;
             target(&req.target)?;
-            Ok(Request::LimitSet(req))
+            Ok(Request::LimitSet(Box::new(req)))
         }
         Kind::LimitGet => Ok(Request::LimitGet(target_request(payload)?)),
         Kind::LimitRemove => Ok(Request::LimitRemove(target_request(payload)?)),

@@ -61,8 +61,8 @@ fn structural(cgroup: &str) -> &str {
         end = start + part.len();
         let prefix = &cgroup[..end];
         let shared = part.ends_with(".slice") || SHARED.contains(&part);
-        let named = fgpu_common::cgroup::kube_identity(prefix).is_some()
-            || fgpu_common::container::container_segment(part, parent).is_some();
+        let named = fgpu_common::cgroup::naming::identity(prefix).pod.is_some()
+            || fgpu_common::cgroup::naming::container_segment(part, parent).is_some();
         if named || !shared {
             return prefix;
         }

@@ -22,7 +22,8 @@ pub struct StatusArgs {
     /// share is a share of), compute_corun, compute_queue_us (the queue bound of each of
     /// its processes), compute_used_pct (measured GPU time),
     /// compute_nvml_pct, container_id: the container whose cgroup it is; pod: its Kubernetes
-    /// pod, `namespace/name` where an fgpu DRA claim names it).
+    /// pod, `namespace/name` where an fgpu DRA claim names it; pod_uid, pod_namespace,
+    /// pod_name: the same as fields).
     #[arg(long)]
     json: bool,
 

@@ -179,10 +179,9 @@ pub fn frame(report: &StatusReport, interval: Option<Duration>, cols: usize) -> 
 /// What a row is called: the cgroup path, with the container id cut to 12 digits (as
 /// `docker ps` shows it) where the path names one.
 fn name(c: &CgroupStatus) -> String {
-    let labels = crate::agent::metrics::labels::parse(&c.cgroup);
-    let path = crate::agent::metrics::labels::value(&c.cgroup);
-    match labels.container_id {
-        Some(id) => path.replace(&id, &id[..12]),
+    let path = crate::status::printable(&c.cgroup);
+    match fgpu_common::cgroup::naming::identity(&c.cgroup).container {
+        Some(ctr) => path.replace(&ctr.id, ctr.short()),
         None => path,
     }
 }

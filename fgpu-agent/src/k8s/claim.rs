@@ -37,14 +37,6 @@ pub struct Plan {
     pub pod_names: BTreeMap<String, String>,
 }
 
-/// A Kubernetes object name (DNS subdomain: lower-case letters, digits, `-` and `.`).
-fn object_name(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 253
-        && n.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-}
-
 /// Reads `claim` for `driver`. `expect_uid` is the UID the kubelet asked for: a claim of the
 /// same name but another UID is a different (recreated) claim and is refused.
 pub fn plan(claim: &ResourceClaim, driver: &str, expect_uid: &str) -> Result<Option<Plan>> {
@@ -130,13 +122,16 @@ pub fn plan(claim: &ResourceClaim, driver: &str, expect_uid: &str) -> Result<Opt
     let pods: Vec<String> = consumers.iter().map(|c| c.uid.clone()).collect();
     let pod_names: BTreeMap<String, String> = consumers
         .iter()
-        .filter(|c| object_name(&c.name))
+        .filter(|c| crate::api::is_object_name(&c.name))
         .map(|c| (c.uid.clone(), c.name.clone()))
         .collect();
     if pods.is_empty() {
         bail!("the claim is reserved for no pod (status.reservedFor has no pods)");
     }
-    if let Some(bad) = pods.iter().find(|p| !super::podcgroup::valid_uid(p)) {
+    if let Some(bad) = pods
+        .iter()
+        .find(|p| !fgpu_common::cgroup::naming::pod_uid_fits(p))
+    {
         bail!("status.reservedFor has a pod UID that is not a UID: {bad:?}");
     }
     Ok(Some(Plan {

@@ -16,7 +16,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use super::checkpoint::{Checkpoint, Prepared};
 use super::claim::{self, Plan};
 use super::podcgroup;
-use crate::api::{Limit, LimitSetRequest, TargetRequest};
+use crate::api::{Limit, LimitSetRequest, PodName, TargetRequest};
 use crate::cdi::spec;
 
 /// What the driver needs to know about the node.
@@ -296,6 +296,7 @@ impl Driver {
                     limit: limit.clone(),
                     until_cgroup_removed: true,
                     clear_gpus,
+                    pod: pod_name(&st.ckpt, pod),
                     ..LimitSetRequest::default()
                 };
                 let mut limit = limit;
@@ -336,7 +337,7 @@ impl Driver {
                     tracing::warn!(
                         pod,
                         cgroup_parent = %self.cfg.cgroup_parent,
-                        tried = ?podcgroup::candidates(&self.cfg.cgroup_parent, pod),
+                        tried = ?fgpu_common::cgroup::naming::pod_cgroups(&self.cfg.cgroup_parent, pod),
                         "the pod's cgroup is still not found {} s after its claim was prepared: \
                          its GPU limit is not applied. If the kubelet runs with --cgroup-root \
                          (kind: /kubelet), give the plugin --cgroup-parent (chart: \
@@ -378,6 +379,18 @@ impl Driver {
         .await
         .context("the call to the agent")?
     }
+}
+
+/// The namespace and name of `pod`, from the claims prepared for it (the claim's namespace,
+/// the pod's name from its `status.reservedFor`), for the agent's status report.
+fn pod_name(ckpt: &Checkpoint, pod: &str) -> Option<PodName> {
+    ckpt.claims.values().find_map(|p| {
+        let name = p.plan.pod_names.get(pod)?;
+        Some(PodName {
+            namespace: p.plan.namespace.clone(),
+            name: name.clone(),
+        })
+    })
 }
 
 /// [`Driver::pod_limit`] of the claims `plans`, `gpus` being fgpu's device names and GPUs.
@@ -491,6 +504,35 @@ mod tests {
     }
 
     const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_pods_name_comes_from_its_claims() {
+        const UID: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000a";
+        let dir = std::env::temp_dir().join(format!("fgpu-podname-{}", std::process::id()));
+        let mut ckpt = Checkpoint::load(&dir.join("kubelet-plugin-fgpu.io.json")).unwrap();
+        let json = claim::tests::claim_json("c1", "claim-1", "8Gi", "30", &[UID]);
+        let claim = serde_json::from_str(&json).unwrap();
+        let plan = claim::plan(&claim, "fgpu.io", "c1").unwrap().unwrap();
+        let prepared = Prepared {
+            plan,
+            cdi_ids: vec![],
+            spec_file: dir.join("spec.json"),
+        };
+        ckpt.claims.insert("c1".into(), prepared);
+        let want = PodName {
+            namespace: "team-a".into(),
+            name: format!("pod-{UID}"),
+        };
+        assert_eq!(pod_name(&ckpt, UID), Some(want));
+        assert_eq!(
+            pod_name(&ckpt, "11111111-2222-3333-4444-555555555555"),
+            None
+        );
+        // A pod whose name the claim does not give (not an object name): none sent.
+        let p = &mut ckpt.claims.get_mut("c1").unwrap().plan;
+        p.pod_names.clear();
+        assert_eq!(pod_name(&ckpt, UID), None);
+    }
 
     #[test]
     fn each_gpu_gets_its_own_claims_and_the_rest_the_sum() {

@@ -7,7 +7,6 @@ mod checkpoint;
 mod claim;
 pub(crate) mod deviceplugin;
 mod driver;
-pub mod identity;
 mod podcgroup;
 mod quantity;
 mod server;

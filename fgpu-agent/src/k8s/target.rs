@@ -14,7 +14,7 @@ pub fn resolve(target: &str) -> Result<String> {
         return Ok(target.to_string());
     };
     let uid = match pod.split_once('/') {
-        None if podcgroup::valid_uid(pod) && pod.len() >= 32 => pod.to_string(),
+        None if fgpu_common::cgroup::naming::is_pod_uid(pod) => pod.to_string(),
         None => bail!("'{target}': give pod:NAMESPACE/NAME or pod:UID"),
         Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
             pod_uid(ns, name).with_context(|| format!("'{target}': finding the pod"))?

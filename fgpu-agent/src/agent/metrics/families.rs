@@ -7,12 +7,12 @@
 use crate::agent::compute::Gaps;
 use std::collections::BTreeMap;
 
-use super::labels;
 use super::model::{Family, HistogramSnapshot, Labels, Series, Unit};
 #[cfg(test)]
 use super::negotiate::Format;
 use crate::agent::gpus::Gpu;
-use crate::status::{CgroupStatus, StatusReport};
+use crate::status::{CgroupStatus, StatusReport, printable as value};
+use fgpu_common::cgroup::naming;
 
 /// Most cgroups exported in one scrape (the rest are counted in
 /// `fgpu_metrics_cgroups_omitted`): cardinality stays bounded whatever the node runs.
@@ -120,20 +120,21 @@ const fn seconds(name: &'static str, help: &'static str) -> Def {
 
 impl Families<'_> {
     fn host(&self) -> Labels {
-        vec![("Hostname", labels::value(&self.0.hostname))]
+        vec![("Hostname", value(&self.0.hostname))]
     }
 
-    /// A cgroup's labels: its path, what the path says about its container, the node.
+    /// A cgroup's labels: its path, what the path says about its container and pod
+    /// ([`naming`]; not a pod's or container's name, which the path does not say), the node.
     fn cgroup(&self, path: &str) -> Labels {
-        let c = labels::parse(path);
-        let mut l: Labels = vec![("cgroup", labels::value(path))];
-        if let Some(id) = c.container_id {
-            l.push(("container_id", id));
+        let who = naming::identity(path);
+        let mut l: Labels = vec![("cgroup", value(path))];
+        if let Some(c) = who.container {
+            l.push(("container_id", c.id));
         }
-        if let Some(uid) = c.pod_uid {
-            l.push(("pod_uid", uid));
+        if let Some(pod) = who.pod {
+            l.push(("pod_uid", pod.uid));
         }
-        l.push(("Hostname", labels::value(&self.0.hostname)));
+        l.push(("Hostname", value(&self.0.hostname)));
         l
     }
 
@@ -144,7 +145,7 @@ impl Families<'_> {
             .gpus
             .iter()
             .find(|g| g.index == index)
-            .map_or_else(String::new, |g| labels::value(&g.uuid));
+            .map_or_else(String::new, |g| value(&g.uuid));
         vec![("gpu", index.to_string()), ("UUID", uuid)]
     }
 
@@ -330,7 +331,7 @@ impl Families<'_> {
     fn ledgers(&self, out: &mut Vec<Family>) {
         let per_device = |f: fn(&LedgerDevice) -> f64| {
             self.0.ledger_devices.iter().map(move |d| {
-                let mut l: Labels = vec![("ledger", labels::value(&d.ledger))];
+                let mut l: Labels = vec![("ledger", value(&d.ledger))];
                 l.extend(self.gpu(d.gpu));
                 l.extend(self.host());
                 (l, f(d))
@@ -429,7 +430,7 @@ impl Families<'_> {
         );
         let gpus = self.0.gpus.iter().map(|g| {
             let mut l = self.gpu(g.index);
-            l.push(("model_name", labels::value(&g.name)));
+            l.push(("model_name", value(&g.name)));
             l.extend(self.host());
             l
         });

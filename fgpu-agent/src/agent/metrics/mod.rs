@@ -12,7 +12,6 @@ mod classic;
 pub mod eventlog;
 mod families;
 mod http;
-pub mod labels;
 mod model;
 mod negotiate;
 mod openmetrics;
