@@ -64,7 +64,7 @@ impl Bound {
     pub fn gone(&self, mount: &Path) -> Vec<String> {
         self.cgroups
             .iter()
-            .filter(|(path, e)| super::enforce::cgroup_id(mount, path) != Some(e.cgroup_id))
+            .filter(|(path, e)| super::cgroups::cgroup_id(mount, path) != Some(e.cgroup_id))
             .map(|(path, _)| path.clone())
             .collect()
     }

@@ -20,14 +20,6 @@ use super::targets;
 use crate::api::{Limit, LimitEntry, LimitSetRequest, PodName, TargetRequest};
 use crate::status::{CgroupStatus, StatusReport};
 
-/// Who is asking, from the socket's SO_PEERCRED.
-#[derive(Debug, Clone, Copy)]
-pub struct Peer {
-    pub pid: Option<u32>,
-    pub uid: u32,
-    pub gid: u32,
-}
-
 /// The refusal on the containers' socket, for anything but Hello and the caller's own status.
 pub const CONTAINERS_REFUSAL: &str = "permission denied: the containers' socket answers Hello and \
      the caller's own status only; limits and other cgroups' status are served only on the host, \
@@ -203,7 +195,7 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
         }
     }
     if req.until_cgroup_removed {
-        let id = super::enforce::cgroup_id(&state.cgroup2_mount, &cgroup)
+        let id = super::cgroups::cgroup_id(&state.cgroup2_mount, &cgroup)
             .with_context(|| format!("cgroup {cgroup} is gone"))?;
         state.bound.lock().expect("bound lock").bind(&cgroup, id)?;
     }
@@ -367,39 +359,4 @@ fn validate(state: &State, limit: &Limit) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Who may use the control requests: root, and the members of one configured group.
-#[derive(Debug, Clone, Default)]
-pub struct Access {
-    pub group_name: Option<String>,
-    pub group_gid: Option<u32>,
-}
-
-impl Access {
-    pub fn allows(&self, peer: Peer) -> bool {
-        if peer.uid == 0 {
-            return true;
-        }
-        let Some(gid) = self.group_gid else {
-            return false;
-        };
-        peer.gid == gid
-            || peer
-                .pid
-                .is_some_and(|pid| supplementary_groups(pid).contains(&gid))
-    }
-}
-
-fn supplementary_groups(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
-                g.split_whitespace()
-                    .filter_map(|n| n.parse().ok())
-                    .collect()
-            })
-        })
-        .unwrap_or_default()
 }

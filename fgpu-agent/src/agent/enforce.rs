@@ -21,8 +21,6 @@
 //! prunes the records of removed cgroups itself; nothing here walks the cgroup hierarchy.
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -32,18 +30,11 @@ use fgpu_common::quantity::Size;
 use tokio::sync::Notify;
 
 use super::backstop::OnExceed;
-use super::budget::is_under;
+use super::cgroups::{cgroup_id, is_under};
 use super::report::State;
 
 pub const SYNC_EVERY: Duration = Duration::from_millis(250);
 pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);
-
-/// The id of cgroup `path` (the inode of its directory), if it exists.
-pub fn cgroup_id(mount: &Path, path: &str) -> Option<u64> {
-    std::fs::metadata(mount.join(path.trim_start_matches('/')))
-        .ok()
-        .map(|m| m.ino())
-}
 
 /// What the enforcement side remembers between passes.
 #[derive(Default)]

@@ -181,7 +181,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let host = preflight::check()?;
     let limits = limits::LimitStore::open(&args.state_dir)?;
     let bound = bound::Bound::open(&args.state_dir)?;
-    let access = control::Access {
+    let access = peer::Access {
         group_gid: args.socket_group.as_deref().map(group_id).transpose()?,
         group_name: args.socket_group.clone(),
     };

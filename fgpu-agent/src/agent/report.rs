@@ -9,13 +9,13 @@ use std::path::PathBuf;
 use super::backstop::{Backstop, OnExceed};
 use super::cgroups::CgroupNames;
 use super::compute::ComputeStatus;
-use super::control::Access;
 use super::enforce::Enforcer;
 use super::events::EventCounts;
 use super::gpus::Gpus;
 use super::kernel::{KernelMaps, Snapshot};
 use super::ledgers::Ledgers;
 use super::limits::LimitStore;
+use super::peer::Access;
 use crate::api::PodName;
 use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
 
@@ -68,7 +68,7 @@ impl State {
             if !limit.has_memory() || report.cgroups.iter().any(|r| &r.cgroup == path) {
                 continue;
             }
-            if let Some(id) = super::enforce::cgroup_id(&self.cgroup2_mount, path)
+            if let Some(id) = super::cgroups::cgroup_id(&self.cgroup2_mount, path)
                 && subtree.get(&id).is_some_and(|b| *b > 0)
             {
                 report.cgroups.push(CgroupStatus {

@@ -14,7 +14,7 @@
 //!
 //! A caller whose cgroup cannot be read counts under its uid.
 
-use super::budget::is_under;
+use super::cgroups::is_under;
 use super::limits::{LimitStore, ancestors};
 use super::peer::Caller;
 use super::report::State;

@@ -30,7 +30,7 @@ use std::sync::Mutex;
 use fgpu_common::event::ProcUsage;
 use fgpu_common::quantity::Size;
 
-use super::budget::is_under;
+use super::cgroups::is_under;
 use super::report::State;
 
 /// Default `--unseen-tolerance`: above a PyTorch process's context and lazily loaded modules
@@ -158,7 +158,7 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
         *n += 1;
         let unseen = o.victim.as_ref().map_or(0, Holder::unseen);
         if *n == 1 {
-            if let Some(id) = super::enforce::cgroup_id(&state.cgroup2_mount, &o.cgroup) {
+            if let Some(id) = super::cgroups::cgroup_id(&state.cgroup2_mount, &o.cgroup) {
                 state.backstop.reconciled(id);
             }
             tracing::warn!(

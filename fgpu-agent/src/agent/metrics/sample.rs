@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use fgpu_common::ledger::{MAX_DEVICES, uuid_key};
 
 use super::families::{LedgerDevice, Sample};
-use crate::agent::ledgers::uuid_bytes;
+use crate::agent::gpus::uuid_bytes;
 use crate::agent::report::State;
 
 pub fn take(state: &State, hostname: &str, ready: bool) -> Sample {
