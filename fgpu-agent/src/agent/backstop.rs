@@ -23,7 +23,7 @@ use clap::ValueEnum;
 use fgpu_common::event::{Event, EventKind, action};
 use fgpu_common::quantity::Size;
 
-use super::report::State;
+use super::state::State;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnExceed {

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::report::State;
+use super::state::State;
 
 pub const FILE: &str = "bound.json";
 /// How often bound cgroups are checked for removal.
@@ -121,8 +121,7 @@ pub fn sweep(state: &State) -> usize {
         tracing::warn!("{err:#}");
     }
     if removed > 0 {
-        state.backstop.limits_changed();
-        state.apply_limits();
+        super::apply::limits_changed(state);
     }
     removed
 }

@@ -35,7 +35,7 @@ use super::gpus::uuid_bytes;
 use super::ledgers::CgroupLedger;
 
 use super::limits::{LimitStore, ancestors};
-use super::report::State;
+use super::state::State;
 
 pub use super::shims::Shims;
 

@@ -14,8 +14,8 @@ use fgpu_common::quantity::Size;
 
 use super::doors::Door;
 use super::peer::Caller;
-use super::report::State;
 use super::request::{self, Request};
+use super::state::State;
 use super::targets;
 use crate::api::{Limit, LimitEntry, LimitSetRequest, PodName, TargetRequest};
 use crate::status::{CgroupStatus, StatusReport};
@@ -75,7 +75,7 @@ fn admin(state: &State, caller: &Caller, req: &Request) -> Result<Frame> {
         );
     }
     match req {
-        Request::Status => serde_json::to_vec(&state.report())
+        Request::Status => serde_json::to_vec(&super::report::of(state))
             .map(|v| Frame::new(Kind::StatusReply, v))
             .map_err(Into::into),
         Request::LimitSet(r) => limit_set(state, caller, r),
@@ -111,7 +111,7 @@ fn refused(caller: &Caller, req: &Request, why: &str) {
 /// The status of one cgroup only: its row (an empty one with its limits if it holds no GPU
 /// memory), without the node-wide counters and libraries.
 pub fn own_status(state: &State, cgroup: &str) -> StatusReport {
-    let full = state.report();
+    let full = super::report::of(state);
     let row = full
         .cgroups
         .into_iter()
@@ -211,8 +211,7 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
             keep_pod_name(&mut store, &cgroup, pod);
         }
     }
-    state.backstop.limits_changed();
-    state.apply_limits();
+    super::apply::limits_changed(state);
     tracing::info!(
         event = "limit_set",
         cgroup,
@@ -270,8 +269,7 @@ fn limit_remove(state: &State, caller: &Caller, req: &TargetRequest) -> Result<F
         }
     };
     let removed = state.limits.lock().expect("limits lock").remove(&cgroup)?;
-    state.backstop.limits_changed();
-    state.apply_limits();
+    super::apply::limits_changed(state);
     if removed.is_none() {
         bail!("{cgroup} has no limit of its own (see `fgpu limit get {cgroup}`)");
     }

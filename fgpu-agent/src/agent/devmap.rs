@@ -28,7 +28,7 @@ use fgpu_common::event::{CgroupKey, CgroupTree, ProcUsage};
 
 use super::gpus::Gpus;
 use super::kernel::Snapshot;
-use super::report::State;
+use super::state::State;
 
 /// How long one NVML per-process reading is reused (the publisher asks every 50 ms).
 const NVML_EVERY: Duration = Duration::from_millis(200);

@@ -31,7 +31,7 @@ use tokio::sync::Notify;
 
 use super::backstop::OnExceed;
 use super::cgroups::{cgroup_id, is_under};
-use super::report::State;
+use super::state::State;
 
 pub const SYNC_EVERY: Duration = Duration::from_millis(250);
 pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);

@@ -12,7 +12,7 @@ use aya::maps::{MapData, RingBuf};
 use fgpu_common::event::{ApiId, Event, EventKind};
 use tokio::io::unix::AsyncFd;
 
-use super::report::State;
+use super::state::State;
 
 /// Events seen by the agent, by kind.
 #[derive(Debug, Default)]

@@ -5,6 +5,7 @@
 //! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
 
 mod adopt;
+mod apply;
 mod backstop;
 mod bound;
 mod budget;
@@ -38,6 +39,7 @@ mod scm;
 pub(crate) mod server;
 mod shims;
 mod smi;
+mod state;
 mod targets;
 mod tenant;
 mod unseen;
@@ -244,7 +246,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         .spawn(move || watcher.run(exec_rx))
         .context("starting the library watcher")?;
 
-    let state = Arc::new(report::State {
+    let state = Arc::new(state::State {
         cgroup2_mount: host.cgroup2_mount.clone(),
         kernel: Mutex::new(kernel),
         limits: Mutex::new(limits),

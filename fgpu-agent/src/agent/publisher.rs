@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::budget;
-use super::report::State;
+use super::state::State;
 
 pub const KERNEL_EVERY: Duration = Duration::from_millis(50);
 pub const RECLAIM_EVERY: Duration = Duration::from_secs(1);

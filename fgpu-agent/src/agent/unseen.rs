@@ -31,7 +31,7 @@ use fgpu_common::event::ProcUsage;
 use fgpu_common::quantity::Size;
 
 use super::cgroups::is_under;
-use super::report::State;
+use super::state::State;
 
 /// Default `--unseen-tolerance`: above a PyTorch process's context and lazily loaded modules
 /// on an H200 (about 0.6 GiB, docs/design.md section 2).

@@ -1,0 +1,48 @@
+//! The agent's shared state: a plain record of its parts, each of which keeps its own
+//! locks. The parts are built once in [`super::run`] and shared behind an `Arc`; what reads
+//! or changes them lives in their own modules ([`super::report`] builds the status report
+//! from a `&State`, [`super::apply`] is the one place that reacts to a limit change).
+
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+
+use super::backstop::{Backstop, OnExceed};
+use super::bound::Bound;
+use super::cgroups::CgroupNames;
+use super::compute::ComputeStatus;
+use super::enforce::Enforcer;
+use super::events::EventCounts;
+use super::gpus::Gpus;
+use super::kernel::KernelMaps;
+use super::ledgers::Ledgers;
+use super::limits::LimitStore;
+use super::peer::Access;
+use super::shims::Shims;
+
+pub struct State {
+    pub cgroup2_mount: PathBuf,
+    pub kernel: Mutex<KernelMaps>,
+    pub limits: Mutex<LimitStore>,
+    /// Limits removed with their cgroup (containers' limits from the CDI hook).
+    pub bound: Mutex<Bound>,
+    pub gpus: Gpus,
+    pub access: Access,
+    pub ledgers: Ledgers,
+    pub backstop: Backstop,
+    /// Shims that said Hello, by ledger ([`super::budget`]).
+    pub shims: Shims,
+    /// Kernel limits sync and reconcile ([`super::enforce`]).
+    pub enforce: Enforcer,
+    pub on_exceed: OnExceed,
+    /// `--unseen-tolerance` (see [`super::unseen`]).
+    pub unseen_tolerance: u64,
+    pub names: Mutex<CgroupNames>,
+    /// Driver libraries the probes are attached to.
+    pub libraries: Arc<Mutex<Vec<String>>>,
+    pub events: EventCounts,
+    /// New processes, for the library watcher to look into.
+    pub exec_tx: Sender<u32>,
+    /// The compute controller's figures.
+    pub compute: ComputeStatus,
+}
