@@ -4,7 +4,7 @@
 //! maps and in the probe); the events feed the log and the counters.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
 use aya::Ebpf;
@@ -15,13 +15,6 @@ use tokio::io::unix::AsyncFd;
 use super::state::State;
 
 /// Events seen by the agent, by kind.
-#[derive(Debug, Default)]
-pub struct EventCounts {
-    pub allocs: AtomicU64,
-    pub frees: AtomicU64,
-    pub exits: AtomicU64,
-}
-
 pub fn ring(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
     let map = ebpf
         .take_map(fgpu_ebpf::maps::EVENTS)
@@ -52,7 +45,9 @@ fn record(state: &State, e: &Event) {
         Some(EventKind::Alloc) => &state.events.allocs,
         Some(EventKind::Free) => &state.events.frees,
         Some(EventKind::OverLimit | EventKind::OverBound) => {
-            state.backstop.record(state, e);
+            state
+                .backstop
+                .record(&state.names, &state.limits, &state.gpus.devices, e);
             return;
         }
         Some(EventKind::Exec) => {

@@ -4,19 +4,19 @@
 //! from a `&State`, [`super::apply`] is the one place that reacts to a limit change).
 
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
-use super::backstop::{Backstop, OnExceed};
+use super::backstop::Backstop;
 use super::bound::Bound;
 use super::cgroups::CgroupNames;
 use super::compute::ComputeStatus;
-use super::enforce::Enforcer;
-use super::events::EventCounts;
+use super::enforcer::Enforcer;
 use super::gpus::Gpus;
 use super::kernel::KernelMaps;
 use super::ledgers::Ledgers;
-use super::limits::LimitStore;
+use super::limits::{LimitStore, OnExceed};
 use super::peer::Access;
 use super::shims::Shims;
 
@@ -32,7 +32,7 @@ pub struct State {
     pub backstop: Backstop,
     /// Shims that said Hello, by ledger ([`super::budget`]).
     pub shims: Shims,
-    /// Kernel limits sync and reconcile ([`super::enforce`]).
+    /// What kernel limits sync and reconcile remember ([`super::enforce`]).
     pub enforce: Enforcer,
     pub on_exceed: OnExceed,
     /// `--unseen-tolerance` (see [`super::unseen`]).
@@ -45,4 +45,12 @@ pub struct State {
     pub exec_tx: Sender<u32>,
     /// The compute controller's figures.
     pub compute: ComputeStatus,
+}
+
+/// Ring buffer records counted ([`super::events`]).
+#[derive(Debug, Default)]
+pub struct EventCounts {
+    pub allocs: AtomicU64,
+    pub frees: AtomicU64,
+    pub exits: AtomicU64,
 }

@@ -25,7 +25,6 @@
 //! as the driver counts it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use fgpu_common::event::ProcUsage;
 use fgpu_common::quantity::Size;
@@ -66,10 +65,6 @@ pub struct Over {
     /// The holder to kill: the most unseen memory on that GPU (then the most memory).
     pub victim: Option<Holder>,
 }
-
-/// Consecutive passes each (cgroup path, GPU) has been over.
-#[derive(Debug, Default)]
-pub struct Passes(Mutex<HashMap<(String, u32), u32>>);
 
 /// The limited cgroups over (pure: the checks' inputs are given).
 /// `limits`: (cgroup path, NVML index, bytes); `holders`: by NVML index.
@@ -173,7 +168,7 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
                 Size(o.limit),
                 Size(state.unseen_tolerance)
             );
-        } else if state.on_exceed == super::backstop::OnExceed::Kill
+        } else if state.on_exceed == super::limits::OnExceed::Kill
             && let Some(v) = &o.victim
         {
             // Through a pidfd, and only if the PID still names a process of the subtree (a
