@@ -14,7 +14,6 @@ use tokio::io::unix::AsyncFd;
 
 use super::state::State;
 
-/// Events seen by the agent, by kind.
 pub fn ring(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
     let map = ebpf
         .take_map(fgpu_ebpf::maps::EVENTS)

@@ -47,7 +47,7 @@ pub struct State {
     pub compute: ComputeStatus,
 }
 
-/// Ring buffer records counted ([`super::events`]).
+/// Events seen by the agent, by kind ([`super::events`]).
 #[derive(Debug, Default)]
 pub struct EventCounts {
     pub allocs: AtomicU64,
