@@ -2,6 +2,22 @@
 //! locks. The parts are built once in [`super::run`] and shared behind an `Arc`; what reads
 //! or changes them lives in their own modules ([`super::report`] builds the status report
 //! from a `&State`, [`super::apply`] is the one place that reacts to a limit change).
+//!
+//! # Lock order
+//!
+//! Where the agent holds one of these locks while it takes another, it does so in this order
+//! only (as the code stands; a lock never waits on one listed before it):
+//!
+//! 1. the enforcer's passes: `enforce.over` (the kernel's count), or `enforce.unseen` (the
+//!    driver's), never both;
+//! 2. `names`;
+//! 3. `limits`;
+//! 4. the parts taken last, each with none of the others: the ledgers' map, or one ledger's
+//!    team; `shims`; the compute figures; the backstop's tallies; `libraries`.
+//!
+//! `kernel`, `bound` and `enforce.seen` are taken with no other lock of the state held, and
+//! none is taken under them. Outside the state, the metrics listener's cache is held while a
+//! scrape takes its sample, so it comes before all of the above.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
