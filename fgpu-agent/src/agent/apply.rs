@@ -25,7 +25,7 @@ pub fn limits_changed(state: &State) {
             ledger.apply(&limits.effective(&ledger.cgroup).0);
         }
     }
-    let tree = super::devmap::tree(state);
+    let tree = super::devmap::tree(&state.kernel, &state.gpus);
     super::budget::refresh(state, &super::budget::tree_by_key(&tree));
 }
 

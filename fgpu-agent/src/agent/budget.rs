@@ -92,7 +92,7 @@ pub fn ledger_of(
                 "sharing the budget of a limited ancestor"
             );
         }
-        let tree = super::devmap::tree(state);
+        let tree = super::devmap::tree(&state.kernel, &state.gpus);
         refresh(state, &tree_by_key(&tree));
     }
     Ok(ledger)
@@ -245,7 +245,7 @@ pub fn plan(
 /// Processes whose GPUs are known count on those GPUs only ([`super::devmap`]).
 fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<(u64, HashMap<u32, u64>)> {
     let mut out = vec![(0, HashMap::new()); ledgers.len()];
-    let placed = super::devmap::process_gpus(state);
+    let placed = super::devmap::process_gpus(&state.kernel, &state.gpus);
     state.shims.prune();
     let procs = state.kernel.lock().expect("kernel maps lock").procs();
     let mut names = state.names.lock().expect("cgroup names lock");

@@ -129,7 +129,7 @@ pub fn reconcile(state: &State) {
     }
     // Per GPU, where the agent can place the kernel's bytes (super::devmap).
     let mut holders = HashMap::new();
-    for o in super::devmap::over_on_one_gpu(state, &per_gpu_limits(state)) {
+    for o in super::devmap::over_on_one_gpu(&state.kernel, &state.gpus, &per_gpu_limits(state)) {
         over_now.entry(o.cgroup_id).or_insert((o.bytes, o.limit));
         if let Some(pid) = o.holder {
             holders.entry(o.cgroup_id).or_insert((pid, o.gpu));

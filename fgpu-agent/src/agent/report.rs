@@ -11,7 +11,7 @@ use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
 
 /// The status report: one row per cgroup that holds memory or is gated for compute.
 pub fn of(state: &State) -> StatusReport {
-    let snap = super::devmap::snapshot(state);
+    let snap = super::devmap::snapshot(&state.kernel, &state.gpus);
     let mut names = state.names.lock().expect("cgroup names lock");
     let mut report = build(&snap, |id| names.path_of(id));
     let limits = state.limits.lock().expect("limits lock");
