@@ -100,7 +100,7 @@ pub fn usage_memfd_in(cgroup: &str, cgroup_dir: &Path, cgroup_id: u64) -> Option
 fn in_process(pid: u32, cgroup: &str, cgroup_id: u64, skipped: &mut usize) -> Option<OwnedFd> {
     let pidfd = pidfd_open(pid).ok()?;
     let now = cgroup_of(&pidfd, pid)?;
-    if !super::budget::is_under(&now, cgroup) {
+    if !super::cgroups::is_under(&now, cgroup) {
         return None; // its PID names a process elsewhere by now
     }
     let fd_dir = Path::new("/proc").join(pid.to_string()).join("fd");

@@ -19,19 +19,12 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use clap::ValueEnum;
 use fgpu_common::event::{Event, EventKind, action};
 use fgpu_common::quantity::Size;
 
-use super::report::State;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OnExceed {
-    /// Kill the process whose allocation crossed the limit (in the kernel, at once).
-    Kill,
-    /// Only report it; the shims in the cgroup refuse further allocations.
-    Deny,
-}
+use super::cgroups::CgroupNames;
+use super::gpus::Gpu;
+use super::limits::{LimitStore, threshold};
 
 /// What the kernel did, per cgroup.
 #[derive(Debug, Default, Clone, Copy)]
@@ -49,6 +42,10 @@ pub struct Tally {
     /// When the reconcile pass last counted an overrun no record had explained yet.
     last_reconciled: Option<std::time::Instant>,
 }
+
+/// How recent a reconcile pass's finding is for an over-limit record to explain it: three
+/// reconcile passes ([`super::enforce::RECONCILE_EVERY`] checks that it is).
+pub const RECONCILED_RECENTLY: std::time::Duration = std::time::Duration::from_secs(3);
 
 #[derive(Debug, Default)]
 pub struct Backstop {
@@ -83,7 +80,13 @@ impl Backstop {
     }
 
     /// Records one `OverLimit` or `OverBound` record from the kernel.
-    pub fn record(&self, state: &State, e: &Event) {
+    pub fn record(
+        &self,
+        names: &Mutex<CgroupNames>,
+        limits: &Mutex<LimitStore>,
+        gpus: &[Gpu],
+        e: &Event,
+    ) {
         let kind = EventKind::from_raw(e.kind);
         {
             let mut tallies = self.tallies.lock().expect("backstop lock");
@@ -96,7 +99,7 @@ impl Backstop {
                     // record was read: the record explains it, counted once.
                     if t.last_reconciled
                         .take()
-                        .is_some_and(|at| at.elapsed() < super::enforce::RECONCILE_EVERY * 3)
+                        .is_some_and(|at| at.elapsed() < RECONCILED_RECENTLY)
                     {
                         t.reconciled = t.reconciled.saturating_sub(1);
                     }
@@ -108,23 +111,21 @@ impl Backstop {
                 t.kills += 1;
             }
         }
-        let cgroup = state
-            .names
+        let cgroup = names
             .lock()
             .expect("cgroup names lock")
             .path_of(e.cgroup_id)
             .unwrap_or_else(|| format!("cgroup {}", e.cgroup_id));
         // A plain limit as it was set; with per-GPU values, the kernel's threshold (their
         // sum over the node's GPUs, see super::enforce).
-        let limit = state
-            .limits
+        let limit = limits
             .lock()
             .expect("limits lock")
             .own(&cgroup)
             .and_then(|l| {
                 l.memory_bytes
                     .filter(|_| l.memory_gpus.is_empty())
-                    .or_else(|| super::enforce::threshold(&state.gpus.devices, l))
+                    .or_else(|| threshold(gpus, l))
             });
         let what = match e.result {
             action::KILLED => "killed by the kernel".to_string(),

@@ -3,20 +3,15 @@
 //! new cgroup of the same path, its limit is removed from the limit store, so that no
 //! container leaves a stale limit behind. The set is persisted beside the limits
 //! (`bound.json`), so that an agent restarted after a container went away still cleans up.
+//! The sweep that removes them is [`super::apply::sweep_bound`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::report::State;
-
 pub const FILE: &str = "bound.json";
-/// How often bound cgroups are checked for removal.
-pub const CHECK_EVERY: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Entry {
@@ -64,7 +59,7 @@ impl Bound {
     pub fn gone(&self, mount: &Path) -> Vec<String> {
         self.cgroups
             .iter()
-            .filter(|(path, e)| super::enforce::cgroup_id(mount, path) != Some(e.cgroup_id))
+            .filter(|(path, e)| super::cgroups::cgroup_id(mount, path) != Some(e.cgroup_id))
             .map(|(path, _)| path.clone())
             .collect()
     }
@@ -84,55 +79,6 @@ impl Bound {
             .with_context(|| format!("saving {}", self.file.display()))?;
         self.cgroups = next;
         Ok(())
-    }
-}
-
-/// Removes the limits of bound cgroups that are gone; returns how many.
-pub fn sweep(state: &State) -> usize {
-    let gone = state
-        .bound
-        .lock()
-        .expect("bound lock")
-        .gone(&state.cgroup2_mount);
-    if gone.is_empty() {
-        return 0;
-    }
-    let mut removed = 0;
-    {
-        let mut limits = state.limits.lock().expect("limits lock");
-        for cgroup in &gone {
-            match limits.remove(cgroup) {
-                Ok(Some(_)) => {
-                    removed += 1;
-                    tracing::info!(cgroup, "cgroup removed: its container's limit is removed");
-                }
-                Ok(None) => {}
-                Err(err) => {
-                    tracing::warn!(
-                        cgroup,
-                        "cannot remove the limit of a removed cgroup: {err:#}"
-                    );
-                    return 0; // keep it bound: the next sweep tries again
-                }
-            }
-        }
-    }
-    if let Err(err) = state.bound.lock().expect("bound lock").forget(&gone) {
-        tracing::warn!("{err:#}");
-    }
-    if removed > 0 {
-        state.backstop.limits_changed();
-        state.apply_limits();
-    }
-    removed
-}
-
-/// Sweeps every [`CHECK_EVERY`] until the agent stops.
-pub async fn run(state: Arc<State>) {
-    let mut tick = tokio::time::interval(CHECK_EVERY);
-    loop {
-        tick.tick().await;
-        sweep(&state);
     }
 }
 

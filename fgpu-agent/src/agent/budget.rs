@@ -30,21 +30,14 @@ use std::sync::atomic::Ordering::SeqCst;
 use anyhow::Result;
 use fgpu_common::ledger::{MAX_DEVICES, NO_LIMIT, uuid_key};
 
-use super::ledgers::{CgroupLedger, uuid_bytes};
+use super::cgroups::is_under;
+use super::gpus::uuid_bytes;
+use super::ledgers::CgroupLedger;
 
 use super::limits::{LimitStore, ancestors};
-use super::report::State;
+use super::state::State;
 
 pub use super::shims::Shims;
-
-/// Whether cgroup path `path` is `ancestor` or lies below it.
-pub fn is_under(path: &str, ancestor: &str) -> bool {
-    ancestor == "/"
-        || path == ancestor
-        || path
-            .strip_prefix(ancestor)
-            .is_some_and(|rest| rest.starts_with('/'))
-}
 
 /// The cgroup whose ledger a process in `cgroup` shares (see the module documentation).
 pub fn ledger_for(store: &LimitStore, cgroup: &str) -> String {
@@ -99,7 +92,7 @@ pub fn ledger_of(
                 "sharing the budget of a limited ancestor"
             );
         }
-        let tree = super::devmap::tree(state);
+        let tree = super::devmap::tree(&state.kernel, &state.gpus);
         refresh(state, &tree_by_key(&tree));
     }
     Ok(ledger)
@@ -252,7 +245,7 @@ pub fn plan(
 /// Processes whose GPUs are known count on those GPUs only ([`super::devmap`]).
 fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<(u64, HashMap<u32, u64>)> {
     let mut out = vec![(0, HashMap::new()); ledgers.len()];
-    let placed = super::devmap::process_gpus(state);
+    let placed = super::devmap::process_gpus(&state.kernel, &state.gpus);
     state.shims.prune();
     let procs = state.kernel.lock().expect("kernel maps lock").procs();
     let mut names = state.names.lock().expect("cgroup names lock");
@@ -335,7 +328,7 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
             .all()
             .filter(|(_, l)| l.has_memory())
             .filter_map(|(path, l)| {
-                let id = super::enforce::cgroup_id(&state.cgroup2_mount, path)?;
+                let id = super::cgroups::cgroup_id(&state.cgroup2_mount, path)?;
                 Some(Limited {
                     cgroup: path.clone(),
                     cgroup_id: id,

@@ -17,6 +17,22 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The id of cgroup `path` (the inode of its directory), if it exists.
+pub fn cgroup_id(mount: &Path, path: &str) -> Option<u64> {
+    std::fs::metadata(mount.join(path.trim_start_matches('/')))
+        .ok()
+        .map(|m| m.ino())
+}
+
+/// Whether cgroup path `path` is `ancestor` or lies below it.
+pub fn is_under(path: &str, ancestor: &str) -> bool {
+    ancestor == "/"
+        || path == ancestor
+        || path
+            .strip_prefix(ancestor)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
 /// The most often the fallback walks the hierarchy.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
 /// `FILEID_KERNFS` (include/linux/exportfs.h): the handle type of kernfs (cgroup2) ids.

@@ -14,19 +14,11 @@ use fgpu_common::quantity::Size;
 
 use super::doors::Door;
 use super::peer::Caller;
-use super::report::State;
 use super::request::{self, Request};
+use super::state::State;
 use super::targets;
 use crate::api::{Limit, LimitEntry, LimitSetRequest, PodName, TargetRequest};
 use crate::status::{CgroupStatus, StatusReport};
-
-/// Who is asking, from the socket's SO_PEERCRED.
-#[derive(Debug, Clone, Copy)]
-pub struct Peer {
-    pub pid: Option<u32>,
-    pub uid: u32,
-    pub gid: u32,
-}
 
 /// The refusal on the containers' socket, for anything but Hello and the caller's own status.
 pub const CONTAINERS_REFUSAL: &str = "permission denied: the containers' socket answers Hello and \
@@ -83,7 +75,7 @@ fn admin(state: &State, caller: &Caller, req: &Request) -> Result<Frame> {
         );
     }
     match req {
-        Request::Status => serde_json::to_vec(&state.report())
+        Request::Status => serde_json::to_vec(&super::report::of(state))
             .map(|v| Frame::new(Kind::StatusReply, v))
             .map_err(Into::into),
         Request::LimitSet(r) => limit_set(state, caller, r),
@@ -119,7 +111,7 @@ fn refused(caller: &Caller, req: &Request, why: &str) {
 /// The status of one cgroup only: its row (an empty one with its limits if it holds no GPU
 /// memory), without the node-wide counters and libraries.
 pub fn own_status(state: &State, cgroup: &str) -> StatusReport {
-    let full = state.report();
+    let full = super::report::of(state);
     let row = full
         .cgroups
         .into_iter()
@@ -203,7 +195,7 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
         }
     }
     if req.until_cgroup_removed {
-        let id = super::enforce::cgroup_id(&state.cgroup2_mount, &cgroup)
+        let id = super::cgroups::cgroup_id(&state.cgroup2_mount, &cgroup)
             .with_context(|| format!("cgroup {cgroup} is gone"))?;
         state.bound.lock().expect("bound lock").bind(&cgroup, id)?;
     }
@@ -219,8 +211,7 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
             keep_pod_name(&mut store, &cgroup, pod);
         }
     }
-    state.backstop.limits_changed();
-    state.apply_limits();
+    super::apply::limits_changed(state);
     tracing::info!(
         event = "limit_set",
         cgroup,
@@ -278,8 +269,7 @@ fn limit_remove(state: &State, caller: &Caller, req: &TargetRequest) -> Result<F
         }
     };
     let removed = state.limits.lock().expect("limits lock").remove(&cgroup)?;
-    state.backstop.limits_changed();
-    state.apply_limits();
+    super::apply::limits_changed(state);
     if removed.is_none() {
         bail!("{cgroup} has no limit of its own (see `fgpu limit get {cgroup}`)");
     }
@@ -367,39 +357,4 @@ fn validate(state: &State, limit: &Limit) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// Who may use the control requests: root, and the members of one configured group.
-#[derive(Debug, Clone, Default)]
-pub struct Access {
-    pub group_name: Option<String>,
-    pub group_gid: Option<u32>,
-}
-
-impl Access {
-    pub fn allows(&self, peer: Peer) -> bool {
-        if peer.uid == 0 {
-            return true;
-        }
-        let Some(gid) = self.group_gid else {
-            return false;
-        };
-        peer.gid == gid
-            || peer
-                .pid
-                .is_some_and(|pid| supplementary_groups(pid).contains(&gid))
-    }
-}
-
-fn supplementary_groups(pid: u32) -> Vec<u32> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
-                g.split_whitespace()
-                    .filter_map(|n| n.parse().ok())
-                    .collect()
-            })
-        })
-        .unwrap_or_default()
 }

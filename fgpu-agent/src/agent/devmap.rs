@@ -27,8 +27,7 @@ use std::time::{Duration, Instant};
 use fgpu_common::event::{CgroupKey, CgroupTree, ProcUsage};
 
 use super::gpus::Gpus;
-use super::kernel::Snapshot;
-use super::report::State;
+use super::kernel::{KernelMaps, Snapshot};
 
 /// How long one NVML per-process reading is reused (the publisher asks every 50 ms).
 const NVML_EVERY: Duration = Duration::from_millis(200);
@@ -60,30 +59,30 @@ pub fn nvml_process_memory(gpus: &Gpus) -> NvmlProcs {
 }
 
 /// The kernel's subtree totals, keyed by physical GPU (NVML index) where NVML can tell.
-pub fn tree(state: &State) -> Vec<(CgroupKey, u64)> {
+pub fn tree(kernel: &Mutex<KernelMaps>, gpus: &Gpus) -> Vec<(CgroupKey, u64)> {
     let (tree, procs, ancestry) = {
-        let k = state.kernel.lock().expect("kernel maps lock");
+        let k = kernel.lock().expect("kernel maps lock");
         let tree = k.tree();
-        if state.gpus.devices.len() < 2 {
+        if gpus.devices.len() < 2 {
             return tree;
         }
         (tree, k.procs(), k.ancestry())
     };
-    let placed = place(&procs, &nvml_procs(&state.gpus), &ancestry);
+    let placed = place(&procs, &nvml_procs(gpus), &ancestry);
     rekey(&tree, &placed.subtree)
 }
 
 /// The kernel's snapshot with its per-cgroup and subtree figures keyed by physical GPU.
-pub fn snapshot(state: &State) -> Snapshot {
+pub fn snapshot(kernel: &Mutex<KernelMaps>, gpus: &Gpus) -> Snapshot {
     let (mut snap, ancestry) = {
-        let k = state.kernel.lock().expect("kernel maps lock");
+        let k = kernel.lock().expect("kernel maps lock");
         let snap = k.snapshot();
-        if state.gpus.devices.len() < 2 {
+        if gpus.devices.len() < 2 {
             return snap;
         }
         (snap, k.ancestry())
     };
-    let placed = place(&snap.procs, &nvml_procs(&state.gpus), &ancestry);
+    let placed = place(&snap.procs, &nvml_procs(gpus), &ancestry);
     snap.tree = rekey(&snap.tree, &placed.subtree);
     // Own figures: bytes by GPU; allocation and free counts stay on the kernel's keys.
     let bytes: Vec<(CgroupKey, u64)> = snap.usage.iter().map(|(k, u)| (*k, u.bytes)).collect();
@@ -117,16 +116,16 @@ pub fn snapshot(state: &State) -> Snapshot {
 
 /// The GPUs each process's kernel bytes are on, by tgid: only processes NVML places (none on
 /// a node of one GPU).
-pub fn process_gpus(state: &State) -> HashMap<u32, Vec<(u32, u64)>> {
-    if state.gpus.devices.len() < 2 {
+pub fn process_gpus(kernel: &Mutex<KernelMaps>, gpus: &Gpus) -> HashMap<u32, Vec<(u32, u64)>> {
+    if gpus.devices.len() < 2 {
         return HashMap::new();
     }
     let (procs, ancestry) = {
-        let k = state.kernel.lock().expect("kernel maps lock");
+        let k = kernel.lock().expect("kernel maps lock");
         (k.procs(), k.ancestry())
     };
     let mut out: HashMap<u32, Vec<(u32, u64)>> = HashMap::new();
-    for (tgid, gpu, bytes) in place(&procs, &nvml_procs(&state.gpus), &ancestry).procs {
+    for (tgid, gpu, bytes) in place(&procs, &nvml_procs(gpus), &ancestry).procs {
         out.entry(tgid).or_default().push((gpu, bytes));
     }
     out
@@ -147,16 +146,20 @@ pub struct OverOnGpu {
 /// the module documentation): `limits` are each limited cgroup's own limits by GPU (NVML
 /// index), by cgroup id. The in-kernel check stays at the sum over GPUs (sure to be an
 /// overrun whatever the devices).
-pub fn over_on_one_gpu(state: &State, limits: &HashMap<u64, HashMap<u32, u64>>) -> Vec<OverOnGpu> {
-    if state.gpus.devices.len() < 2 || limits.is_empty() {
+pub fn over_on_one_gpu(
+    kernel: &Mutex<KernelMaps>,
+    gpus: &Gpus,
+    limits: &HashMap<u64, HashMap<u32, u64>>,
+) -> Vec<OverOnGpu> {
+    if gpus.devices.len() < 2 || limits.is_empty() {
         return Vec::new();
     }
     let (procs, ancestry) = {
-        let k = state.kernel.lock().expect("kernel maps lock");
+        let k = kernel.lock().expect("kernel maps lock");
         (k.procs(), k.ancestry())
     };
     over(
-        &place(&procs, &nvml_procs(&state.gpus), &ancestry),
+        &place(&procs, &nvml_procs(gpus), &ancestry),
         &procs,
         &ancestry,
         limits,

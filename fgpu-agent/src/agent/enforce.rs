@@ -20,57 +20,21 @@
 //! pass (a limit lowered below what is in use, a kill the kernel could not send). The kernel
 //! prunes the records of removed cgroups itself; nothing here walks the cgroup hierarchy.
 
-use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use fgpu_common::event::KernelLimit;
 use fgpu_common::quantity::Size;
-use tokio::sync::Notify;
 
-use super::backstop::OnExceed;
-use super::budget::is_under;
-use super::report::State;
+use super::cgroups::{cgroup_id, is_under};
+use super::limits::{OnExceed, threshold};
+use super::state::State;
 
 pub const SYNC_EVERY: Duration = Duration::from_millis(250);
 pub const RECONCILE_EVERY: Duration = Duration::from_secs(1);
-
-/// The id of cgroup `path` (the inode of its directory), if it exists.
-pub fn cgroup_id(mount: &Path, path: &str) -> Option<u64> {
-    std::fs::metadata(mount.join(path.trim_start_matches('/')))
-        .ok()
-        .map(|m| m.ino())
-}
-
-/// What the enforcement side remembers between passes.
-#[derive(Default)]
-pub struct Enforcer {
-    /// Cgroup ids processes were seen exec'ing in (a new one triggers a sync).
-    seen: Mutex<HashSet<u64>>,
-    wake: Notify,
-    /// Limited cgroups found over their threshold, by id: consecutive passes.
-    over: Mutex<HashMap<u64, u32>>,
-    /// The same for the driver's count ([`super::unseen`]).
-    pub unseen: super::unseen::Passes,
-}
-
-impl Enforcer {
-    /// A process exec'd in cgroup `id` (from the kernel's exec record).
-    pub fn note_cgroup(&self, id: u64) {
-        if self.seen.lock().expect("enforcer lock").insert(id) {
-            self.wake.notify_one();
-        }
-    }
-
-    /// Cgroup `id` was removed (from the kernel's record): forget it.
-    pub fn cgroup_gone(&self, id: u64) {
-        self.seen.lock().expect("enforcer lock").remove(&id);
-        self.over.lock().expect("enforcer lock").remove(&id);
-    }
-}
+const _: () =
+    assert!(super::backstop::RECONCILED_RECENTLY.as_nanos() == 3 * RECONCILE_EVERY.as_nanos());
 
 /// The `limits` map as it should be.
 pub fn desired(state: &State) -> HashMap<u64, KernelLimit> {
@@ -103,27 +67,6 @@ pub fn desired(state: &State) -> HashMap<u64, KernelLimit> {
         }
     }
     out
-}
-
-/// A limited cgroup's threshold in the kernel (see the module documentation): the sum of
-/// its limits over the node's GPUs (a per-GPU value where it has one, else its plain
-/// limit); no bound in the kernel (`u64::MAX`, the entry still makes it a tenant) where a
-/// GPU of the node has no limit of it. `None`: no memory limit. Without a GPU list (no
-/// NVML) the plain limit counts once.
-pub fn threshold(gpus: &[super::gpus::Gpu], limit: &crate::api::Limit) -> Option<u64> {
-    if !limit.has_memory() {
-        return None;
-    }
-    if gpus.is_empty() {
-        return limit.memory_bytes;
-    }
-    Some(
-        gpus.iter()
-            .try_fold(0u64, |sum, g| {
-                limit.memory_on(&g.uuid).map(|b| sum.saturating_add(b))
-            })
-            .unwrap_or(u64::MAX),
-    )
 }
 
 /// Each limited cgroup's own memory limit per GPU (NVML index), by cgroup id: only GPUs it
@@ -186,7 +129,7 @@ pub fn reconcile(state: &State) {
     }
     // Per GPU, where the agent can place the kernel's bytes (super::devmap).
     let mut holders = HashMap::new();
-    for o in super::devmap::over_on_one_gpu(state, &per_gpu_limits(state)) {
+    for o in super::devmap::over_on_one_gpu(&state.kernel, &state.gpus, &per_gpu_limits(state)) {
         over_now.entry(o.cgroup_id).or_insert((o.bytes, o.limit));
         if let Some(pid) = o.holder {
             holders.entry(o.cgroup_id).or_insert((pid, o.gpu));

@@ -4,7 +4,7 @@
 //! maps and in the probe); the events feed the log and the counters.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result};
 use aya::Ebpf;
@@ -12,15 +12,7 @@ use aya::maps::{MapData, RingBuf};
 use fgpu_common::event::{ApiId, Event, EventKind};
 use tokio::io::unix::AsyncFd;
 
-use super::report::State;
-
-/// Events seen by the agent, by kind.
-#[derive(Debug, Default)]
-pub struct EventCounts {
-    pub allocs: AtomicU64,
-    pub frees: AtomicU64,
-    pub exits: AtomicU64,
-}
+use super::state::State;
 
 pub fn ring(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
     let map = ebpf
@@ -52,7 +44,9 @@ fn record(state: &State, e: &Event) {
         Some(EventKind::Alloc) => &state.events.allocs,
         Some(EventKind::Free) => &state.events.frees,
         Some(EventKind::OverLimit | EventKind::OverBound) => {
-            state.backstop.record(state, e);
+            state
+                .backstop
+                .record(&state.names, &state.limits, &state.gpus.devices, e);
             return;
         }
         Some(EventKind::Exec) => {

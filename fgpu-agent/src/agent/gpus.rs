@@ -92,7 +92,7 @@ impl Gpus {
         self.devices
             .iter()
             .filter_map(|g| {
-                let key = fgpu_common::ledger::uuid_key(&super::ledgers::uuid_bytes(&g.uuid)?);
+                let key = fgpu_common::ledger::uuid_key(&uuid_bytes(&g.uuid)?);
                 let d = nvml.device_by_index(g.index).ok()?;
                 Some((key, d.utilization_rates().ok()?.gpu))
             })
@@ -144,9 +144,38 @@ fn mean_per_process(samples: &[(u32, u32, u32)]) -> Vec<(u32, f64)> {
     out.into_iter().collect()
 }
 
+/// The 16 bytes of an NVML UUID string (`GPU-5e1a0000-0000-...`), or of ROCm's form
+/// (`GPU-` + 16 hex digits of the unique id: its 16 ASCII characters, lowercase, as
+/// `hipDeviceGetUuid` returns them; [`super::smi`]).
+pub fn uuid_bytes(nvml_uuid: &str) -> Option<[u8; 16]> {
+    let body = nvml_uuid.trim_start_matches("GPU-");
+    if body.len() == 16 && body.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let mut out = [0u8; 16];
+        out.copy_from_slice(body.to_ascii_lowercase().as_bytes());
+        return Some(out);
+    }
+    let hex: String = body.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvml_uuid_strings() {
+        let b = uuid_bytes("GPU-5e1a0000-0000-0000-0000-0000000000ff").unwrap();
+        assert_eq!(b[0], 0x5e);
+        assert_eq!(b[15], 0xff);
+        assert_eq!(uuid_bytes("GPU-zz"), None);
+    }
 
     #[test]
     fn per_process_means_are_summed_over_devices() {

@@ -20,6 +20,7 @@ use crate::api::{ComputePriority, Limit};
 use super::adopt;
 use super::compute::sched::Team;
 use super::compute::team::TeamSpec;
+use super::gpus::uuid_bytes;
 
 /// A share or ceiling that gates launches (1-99; 0 and 100 do not).
 fn gated_pct(p: u32) -> bool {
@@ -329,41 +330,12 @@ impl Ledgers {
     }
 }
 
-/// The 16 bytes of an NVML UUID string (`GPU-5e1a0000-0000-...`), or of ROCm's form
-/// (`GPU-` + 16 hex digits of the unique id: its 16 ASCII characters, lowercase, as
-/// `hipDeviceGetUuid` returns them; [`super::smi`]).
-pub fn uuid_bytes(nvml_uuid: &str) -> Option<[u8; 16]> {
-    let body = nvml_uuid.trim_start_matches("GPU-");
-    if body.len() == 16 && body.bytes().all(|b| b.is_ascii_hexdigit()) {
-        let mut out = [0u8; 16];
-        out.copy_from_slice(body.to_ascii_lowercase().as_bytes());
-        return Some(out);
-    }
-    let hex: String = body.chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
 const _: () = assert!(MAX_DEVICES == 16);
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use fgpu_common::ledger::PAGE;
-
-    #[test]
-    fn nvml_uuid_strings() {
-        let b = uuid_bytes("GPU-5e1a0000-0000-0000-0000-0000000000ff").unwrap();
-        assert_eq!(b[0], 0x5e);
-        assert_eq!(b[15], 0xff);
-        assert_eq!(uuid_bytes("GPU-zz"), None);
-    }
 
     #[test]
     fn limits_page_is_sealed_against_new_writable_mappings() {

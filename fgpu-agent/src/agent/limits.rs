@@ -19,7 +19,9 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use clap::ValueEnum;
 
+use super::gpus::Gpu;
 use crate::api::{Limit, PodName};
 
 pub const FILE: &str = "limits.json";
@@ -232,6 +234,35 @@ pub fn ancestors(cgroup: &str) -> impl Iterator<Item = &str> {
         };
         Some(cur)
     })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnExceed {
+    /// Kill the process whose allocation crossed the limit (in the kernel, at once).
+    Kill,
+    /// Only report it; the shims in the cgroup refuse further allocations.
+    Deny,
+}
+
+/// A limited cgroup's threshold in the kernel (see [`super::enforce`]): the sum of
+/// its limits over the node's GPUs (a per-GPU value where it has one, else its plain
+/// limit); no bound in the kernel (`u64::MAX`, the entry still makes it a tenant) where a
+/// GPU of the node has no limit of it. `None`: no memory limit. Without a GPU list (no
+/// NVML) the plain limit counts once.
+pub fn threshold(gpus: &[Gpu], limit: &Limit) -> Option<u64> {
+    if !limit.has_memory() {
+        return None;
+    }
+    if gpus.is_empty() {
+        return limit.memory_bytes;
+    }
+    Some(
+        gpus.iter()
+            .try_fold(0u64, |sum, g| {
+                limit.memory_on(&g.uuid).map(|b| sum.saturating_add(b))
+            })
+            .unwrap_or(u64::MAX),
+    )
 }
 
 #[cfg(test)]

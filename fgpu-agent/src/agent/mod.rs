@@ -5,6 +5,7 @@
 //! ([`server`]) and drain the event ring buffer ([`events`]) until SIGINT/SIGTERM.
 
 mod adopt;
+mod apply;
 mod backstop;
 mod bound;
 mod budget;
@@ -16,6 +17,7 @@ mod devmap;
 pub(crate) mod discovery;
 mod doors;
 mod enforce;
+mod enforcer;
 mod events;
 mod gpus;
 mod gpusel;
@@ -38,6 +40,7 @@ mod scm;
 pub(crate) mod server;
 mod shims;
 mod smi;
+mod state;
 mod targets;
 mod tenant;
 mod unseen;
@@ -114,7 +117,7 @@ pub struct AgentArgs {
     /// What the kernel does when an allocation takes a cgroup past its memory limit (one
     /// that bypassed the shim): kill the process at that allocation, or only report it.
     #[arg(long, value_enum, default_value = "kill")]
-    on_exceed: backstop::OnExceed,
+    on_exceed: limits::OnExceed,
 
     /// How far past its limit on a GPU a limited cgroup's memory may go, as the driver counts
     /// it (NVML's per-process figures: contexts, modules, local memory grown by launches,
@@ -181,7 +184,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let host = preflight::check()?;
     let limits = limits::LimitStore::open(&args.state_dir)?;
     let bound = bound::Bound::open(&args.state_dir)?;
-    let access = control::Access {
+    let access = peer::Access {
         group_gid: args.socket_group.as_deref().map(group_id).transpose()?,
         group_name: args.socket_group.clone(),
     };
@@ -244,7 +247,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         .spawn(move || watcher.run(exec_rx))
         .context("starting the library watcher")?;
 
-    let state = Arc::new(report::State {
+    let state = Arc::new(state::State {
         cgroup2_mount: host.cgroup2_mount.clone(),
         kernel: Mutex::new(kernel),
         limits: Mutex::new(limits),
@@ -253,13 +256,13 @@ pub fn run(args: AgentArgs) -> Result<()> {
         access,
         ledgers: ledgers::Ledgers::default(),
         backstop: backstop::Backstop::default(),
-        enforce: enforce::Enforcer::default(),
+        enforce: enforcer::Enforcer::default(),
         shims: budget::Shims::default(),
         on_exceed: args.on_exceed,
         unseen_tolerance: args.unseen_tolerance,
         names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
         libraries,
-        events: events::EventCounts::default(),
+        events: state::EventCounts::default(),
         exec_tx,
         compute: compute::ComputeStatus::default(),
     });
@@ -318,7 +321,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
             Arc::clone(&state),
         );
         let enforce_task = tokio::spawn(enforce::run(Arc::clone(&state)));
-        let bound_task = tokio::spawn(bound::run(Arc::clone(&state)));
+        let bound_task = tokio::spawn(apply::run_bound(Arc::clone(&state)));
         let served = tokio::select! {
             () = serve_containers => Ok(()),
             () = serve_admin => Ok(()),

@@ -18,7 +18,6 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::net::UnixStream;
 
-use super::control::Peer;
 use super::doors::Door;
 use super::pidfd::{alive, cgroup_of, pidfd_open};
 
@@ -192,6 +191,49 @@ fn same_namespaces_by(
         return Err("the caller exited while it was being identified".into());
     }
     Ok(())
+}
+
+/// Who is asking, from the socket's SO_PEERCRED.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    pub pid: Option<u32>,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Who may use the control requests: root, and the members of one configured group.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    pub group_name: Option<String>,
+    pub group_gid: Option<u32>,
+}
+
+impl Access {
+    pub fn allows(&self, peer: Peer) -> bool {
+        if peer.uid == 0 {
+            return true;
+        }
+        let Some(gid) = self.group_gid else {
+            return false;
+        };
+        peer.gid == gid
+            || peer
+                .pid
+                .is_some_and(|pid| supplementary_groups(pid).contains(&gid))
+    }
+}
+
+fn supplementary_groups(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Groups:")).map(|g| {
+                g.split_whitespace()
+                    .filter_map(|n| n.parse().ok())
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use fgpu_common::cgroup::unified_path;
 
-use super::budget::is_under;
+use super::cgroups::is_under;
 
 /// `pidfd_open(pid, 0)`.
 pub fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {

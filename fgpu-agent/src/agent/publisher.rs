@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::budget;
-use super::report::State;
+use super::state::State;
 
 pub const KERNEL_EVERY: Duration = Duration::from_millis(50);
 pub const RECLAIM_EVERY: Duration = Duration::from_secs(1);
@@ -24,7 +24,7 @@ pub async fn run(state: Arc<State>) {
         }
         // Every device a ledger knows gets a figure, 0 when the kernel saw nothing, so a
         // stale figure can never keep refusing allocations.
-        let tree = super::devmap::tree(&state);
+        let tree = super::devmap::tree(&state.kernel, &state.gpus);
         budget::refresh(&state, &budget::tree_by_key(&tree));
         n = n.wrapping_add(1);
         if n.is_multiple_of(per_reclaim) {

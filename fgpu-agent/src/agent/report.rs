@@ -1,132 +1,77 @@
-//! The agent's shared state and the status report built from it.
+//! The status report, built from the agent's [`State`]: one row per cgroup that holds
+//! memory or is gated for compute.
 
 use std::collections::BTreeMap;
-use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
 
-use std::path::PathBuf;
-
-use super::backstop::{Backstop, OnExceed};
-use super::cgroups::CgroupNames;
-use super::compute::ComputeStatus;
-use super::control::Access;
-use super::enforce::Enforcer;
-use super::events::EventCounts;
 use super::gpus::Gpus;
-use super::kernel::{KernelMaps, Snapshot};
-use super::ledgers::Ledgers;
-use super::limits::LimitStore;
+use super::kernel::Snapshot;
+use super::state::State;
 use crate::api::PodName;
 use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
 
-pub struct State {
-    pub cgroup2_mount: PathBuf,
-    pub kernel: Mutex<KernelMaps>,
-    pub limits: Mutex<LimitStore>,
-    /// Limits removed with their cgroup (containers' limits from the CDI hook).
-    pub bound: Mutex<super::bound::Bound>,
-    pub gpus: Gpus,
-    pub access: Access,
-    pub ledgers: Ledgers,
-    pub backstop: Backstop,
-    /// Shims that said Hello, by ledger ([`super::budget`]).
-    pub shims: super::budget::Shims,
-    /// Kernel limits sync and reconcile ([`super::enforce`]).
-    pub enforce: Enforcer,
-    pub on_exceed: OnExceed,
-    /// `--unseen-tolerance` (see [`super::unseen`]).
-    pub unseen_tolerance: u64,
-    pub names: Mutex<CgroupNames>,
-    /// Driver libraries the probes are attached to.
-    pub libraries: Arc<Mutex<Vec<String>>>,
-    pub events: EventCounts,
-    /// New processes, for the library watcher to look into.
-    pub exec_tx: Sender<u32>,
-    /// The compute controller's figures.
-    pub compute: ComputeStatus,
-}
-
-impl State {
-    pub fn report(&self) -> StatusReport {
-        let snap = super::devmap::snapshot(self);
-        let mut names = self.names.lock().expect("cgroup names lock");
-        let mut report = build(&snap, |id| names.path_of(id));
-        let limits = self.limits.lock().expect("limits lock");
-        // Cgroups the compute controller schedules get a row even without memory, and so do
-        // limited cgroups whose subtree holds memory (a pod whose containers allocate).
-        let compute = self.compute.all();
-        for cgroup in compute.keys() {
-            if !report.cgroups.iter().any(|r| &r.cgroup == cgroup) {
-                report.cgroups.push(CgroupStatus::empty(cgroup.clone()));
-            }
+/// The status report: one row per cgroup that holds memory or is gated for compute.
+pub fn of(state: &State) -> StatusReport {
+    let snap = super::devmap::snapshot(&state.kernel, &state.gpus);
+    let mut names = state.names.lock().expect("cgroup names lock");
+    let mut report = build(&snap, |id| names.path_of(id));
+    let limits = state.limits.lock().expect("limits lock");
+    // Cgroups the compute controller schedules get a row even without memory, and so do
+    // limited cgroups whose subtree holds memory (a pod whose containers allocate).
+    let compute = state.compute.all();
+    for cgroup in compute.keys() {
+        if !report.cgroups.iter().any(|r| &r.cgroup == cgroup) {
+            report.cgroups.push(CgroupStatus::empty(cgroup.clone()));
         }
-        let mut subtree: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
-        for (key, bytes) in &snap.tree {
-            *subtree.entry(key.cgroup_id).or_default() += bytes;
-        }
-        for (path, limit) in limits.all() {
-            if !limit.has_memory() || report.cgroups.iter().any(|r| &r.cgroup == path) {
-                continue;
-            }
-            if let Some(id) = super::enforce::cgroup_id(&self.cgroup2_mount, path)
-                && subtree.get(&id).is_some_and(|b| *b > 0)
-            {
-                report.cgroups.push(CgroupStatus {
-                    cgroup_id: id,
-                    ..CgroupStatus::empty(path.clone())
-                });
-            }
-        }
-        report.cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
-        let nvml = nvml_by_cgroup(&self.gpus);
-        for row in &mut report.cgroups {
-            identify(row, |pod_cgroup| limits.pod(pod_cgroup));
-            row.compute_nvml_pct = nvml.get(&row.cgroup).map(|p| (p * 10.0).round() / 10.0);
-            let (effective, from) = limits.effective(&row.cgroup);
-            row.compute_share_pct = effective.compute_pct;
-            row.compute_cap_pct = effective.compute_cap_pct;
-            row.compute_share_gpus = effective.compute_gpus.clone();
-            row.compute_cap_gpus = effective.compute_cap_gpus.clone();
-            let figures = compute.get(&row.cgroup);
-            row.compute_used_pct = figures.map(|f| (f.used_pct * 10.0).round() / 10.0);
-            row.compute_turn_pct = figures.map(|f| (f.turn_pct * 10.0).round() / 10.0);
-            row.compute_corun = figures.is_some_and(|f| f.corun);
-            row.compute_queue_us = figures.map(|f| f.queue_us);
-            row.memory_limit_bytes = effective.memory_bytes;
-            per_gpu_limits(row, &effective, &self.gpus.devices);
-            row.memory_limit_gpus = effective.memory_gpus;
-            row.memory_limit_from = from;
-            row.memory_subtree_bytes = subtree.get(&row.cgroup_id).copied().unwrap_or(0);
-            let tally = self.backstop.tally(row.cgroup_id);
-            row.over_limit_actions = self.backstop.actions(row.cgroup_id);
-            row.kernel_kills = tally.kills;
-            row.over_bound = tally.over_bound;
-            let ledger = super::budget::ledger_for(&limits, &row.cgroup);
-            if let Some(l) = self.ledgers.get(&ledger) {
-                row.alloc_denied = l.denied();
-                row.ledger = Some(ledger);
-            }
-        }
-        report.libraries = self.libraries.lock().expect("libraries lock").clone();
-        report
     }
-}
-
-impl State {
-    /// After a limit changed: writes the kernel's limits, every ledger's effective limit,
-    /// and the hierarchical budgets.
-    pub fn apply_limits(&self) {
-        super::enforce::sync(self);
+    let mut subtree: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    for (key, bytes) in &snap.tree {
+        *subtree.entry(key.cgroup_id).or_default() += bytes;
+    }
+    for (path, limit) in limits.all() {
+        if !limit.has_memory() || report.cgroups.iter().any(|r| &r.cgroup == path) {
+            continue;
+        }
+        if let Some(id) = super::cgroups::cgroup_id(&state.cgroup2_mount, path)
+            && subtree.get(&id).is_some_and(|b| *b > 0)
         {
-            let limits = self.limits.lock().expect("limits lock");
-            for ledger in self.ledgers.all() {
-                ledger.set_team(super::compute::team::TeamSpec::of(&limits, &ledger.cgroup));
-                ledger.apply(&limits.effective(&ledger.cgroup).0);
-            }
+            report.cgroups.push(CgroupStatus {
+                cgroup_id: id,
+                ..CgroupStatus::empty(path.clone())
+            });
         }
-        let tree = super::devmap::tree(self);
-        super::budget::refresh(self, &super::budget::tree_by_key(&tree));
     }
+    report.cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
+    let nvml = nvml_by_cgroup(&state.gpus);
+    for row in &mut report.cgroups {
+        identify(row, |pod_cgroup| limits.pod(pod_cgroup));
+        row.compute_nvml_pct = nvml.get(&row.cgroup).map(|p| (p * 10.0).round() / 10.0);
+        let (effective, from) = limits.effective(&row.cgroup);
+        row.compute_share_pct = effective.compute_pct;
+        row.compute_cap_pct = effective.compute_cap_pct;
+        row.compute_share_gpus = effective.compute_gpus.clone();
+        row.compute_cap_gpus = effective.compute_cap_gpus.clone();
+        let figures = compute.get(&row.cgroup);
+        row.compute_used_pct = figures.map(|f| (f.used_pct * 10.0).round() / 10.0);
+        row.compute_turn_pct = figures.map(|f| (f.turn_pct * 10.0).round() / 10.0);
+        row.compute_corun = figures.is_some_and(|f| f.corun);
+        row.compute_queue_us = figures.map(|f| f.queue_us);
+        row.memory_limit_bytes = effective.memory_bytes;
+        per_gpu_limits(row, &effective, &state.gpus.devices);
+        row.memory_limit_gpus = effective.memory_gpus;
+        row.memory_limit_from = from;
+        row.memory_subtree_bytes = subtree.get(&row.cgroup_id).copied().unwrap_or(0);
+        let tally = state.backstop.tally(row.cgroup_id);
+        row.over_limit_actions = state.backstop.actions(row.cgroup_id);
+        row.kernel_kills = tally.kills;
+        row.over_bound = tally.over_bound;
+        let ledger = super::budget::ledger_for(&limits, &row.cgroup);
+        if let Some(l) = state.ledgers.get(&ledger) {
+            row.alloc_denied = l.denied();
+            row.ledger = Some(ledger);
+        }
+    }
+    report.libraries = state.libraries.lock().expect("libraries lock").clone();
+    report
 }
 
 /// Who `row`'s cgroup belongs to: its container and pod by the cgroup's name

@@ -27,8 +27,8 @@ use tokio::time::{Instant, timeout, timeout_at};
 use super::control;
 use super::doors::{Admitted, Budget, Door, Limits};
 use super::peer::Caller;
-use super::report::State;
 use super::scm;
+use super::state::State;
 
 /// Binds the containers' socket (mode 0666: shims inside containers, running as any user,
 /// introduce themselves on it), refusing to take over from a running agent.

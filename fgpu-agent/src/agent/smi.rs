@@ -4,7 +4,7 @@
 //!
 //! A device's UUID is ROCm's own form, `GPU-` and the 16 lowercase hex digits of its unique
 //! id (what the HSA runtime reports as the agent's UUID and `HIP_VISIBLE_DEVICES` accepts);
-//! its 16 bytes ([`super::ledgers::uuid_bytes`]) are those 16 ASCII digits, which is what
+//! its 16 bytes ([`super::gpus::uuid_bytes`]) are those 16 ASCII digits, which is what
 //! `hipDeviceGetUuid` returns on ROCm, so the shim's HIP device records and the agent's
 //! devices are the same records.
 
@@ -156,7 +156,7 @@ mod tests {
         let u = uuid_of(0xabcd_0123_4567_89ef);
         assert_eq!(u, "GPU-abcd0123456789ef");
         assert_eq!(
-            super::super::ledgers::uuid_bytes(&u),
+            super::super::gpus::uuid_bytes(&u),
             Some(*b"abcd0123456789ef"),
             "the bytes hipDeviceGetUuid returns on ROCm"
         );

@@ -14,10 +14,10 @@
 //!
 //! A caller whose cgroup cannot be read counts under its uid.
 
-use super::budget::is_under;
+use super::cgroups::is_under;
 use super::limits::{LimitStore, ancestors};
 use super::peer::Caller;
-use super::report::State;
+use super::state::State;
 
 /// Cgroup names the node shares between tenants (besides every `*.slice`): the walk goes
 /// on below them.

@@ -25,13 +25,12 @@
 //! as the driver counts it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 
 use fgpu_common::event::ProcUsage;
 use fgpu_common::quantity::Size;
 
-use super::budget::is_under;
-use super::report::State;
+use super::cgroups::is_under;
+use super::state::State;
 
 /// Default `--unseen-tolerance`: above a PyTorch process's context and lazily loaded modules
 /// on an H200 (about 0.6 GiB, docs/design.md section 2).
@@ -66,10 +65,6 @@ pub struct Over {
     /// The holder to kill: the most unseen memory on that GPU (then the most memory).
     pub victim: Option<Holder>,
 }
-
-/// Consecutive passes each (cgroup path, GPU) has been over.
-#[derive(Debug, Default)]
-pub struct Passes(Mutex<HashMap<(String, u32), u32>>);
 
 /// The limited cgroups over (pure: the checks' inputs are given).
 /// `limits`: (cgroup path, NVML index, bytes); `holders`: by NVML index.
@@ -158,7 +153,7 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
         *n += 1;
         let unseen = o.victim.as_ref().map_or(0, Holder::unseen);
         if *n == 1 {
-            if let Some(id) = super::enforce::cgroup_id(&state.cgroup2_mount, &o.cgroup) {
+            if let Some(id) = super::cgroups::cgroup_id(&state.cgroup2_mount, &o.cgroup) {
                 state.backstop.reconciled(id);
             }
             tracing::warn!(
@@ -173,7 +168,7 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
                 Size(o.limit),
                 Size(state.unseen_tolerance)
             );
-        } else if state.on_exceed == super::backstop::OnExceed::Kill
+        } else if state.on_exceed == super::limits::OnExceed::Kill
             && let Some(v) = &o.victim
         {
             // Through a pidfd, and only if the PID still names a process of the subtree (a

@@ -16,7 +16,7 @@ use std::hash::{Hash, Hasher};
 use fgpu_common::ledger::uuid_key;
 
 use super::sched::Team;
-use crate::agent::ledgers::uuid_bytes;
+use crate::agent::gpus::uuid_bytes;
 use crate::agent::limits::{LimitStore, ancestors};
 use crate::api::Limit;
 

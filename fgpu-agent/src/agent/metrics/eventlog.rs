@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use fgpu_common::quantity::Size;
 
-use crate::agent::report::State;
+use crate::agent::state::State;
 
 const EVERY: Duration = Duration::from_secs(1);
 

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use hyper::body::Bytes;
 
-use super::report::State;
+use super::state::State;
 
 /// A scrape reuses the sample taken less than this long ago.
 pub const PUBLISH_EVERY: Duration = Duration::from_secs(1);

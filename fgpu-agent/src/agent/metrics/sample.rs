@@ -6,11 +6,11 @@ use std::sync::atomic::Ordering::Relaxed;
 use fgpu_common::ledger::{MAX_DEVICES, uuid_key};
 
 use super::families::{LedgerDevice, Sample};
-use crate::agent::ledgers::uuid_bytes;
-use crate::agent::report::State;
+use crate::agent::gpus::uuid_bytes;
+use crate::agent::state::State;
 
 pub fn take(state: &State, hostname: &str, ready: bool) -> Sample {
-    let report = state.report();
+    let report = crate::agent::report::of(state);
     let ledgers = state.ledgers.all();
     Sample {
         hostname: hostname.to_string(),
