@@ -42,6 +42,20 @@ fn old_slice(total: u64) -> serde_json::Value {
     })
 }
 
+/// The plugin found its slice gone (`when`) and published it again, saying so.
+fn republished(when: &str, plugin: &Plugin, api: &ApiServer) {
+    wait_for(
+        &format!("the slice was not published again {when}"),
+        plugin,
+        || api.get(SLICE).is_some(),
+    );
+    assert!(
+        plugin.log_text().contains("publishing it again"),
+        "{}",
+        plugin.log_text()
+    );
+}
+
 fn wait_for(what: &str, plugin: &Plugin, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !done() {
@@ -123,16 +137,7 @@ fn privileged_the_slice_is_valid_on_every_gpu_size_retried_and_published_again_a
             // The kubelet starts and wipes the node's slices: fgpu publishes it again.
             let wiped = resource_slices::wipe_resource_slices(&api.url, "node-1", 1).unwrap();
             assert_eq!(wiped.deleted, ["node-1-fgpu.io"]);
-            wait_for(
-                "the slice was not published again after the kubelet deleted it",
-                &plugin,
-                || api.get(SLICE).is_some(),
-            );
-            assert!(
-                plugin.log_text().contains("publishing it again"),
-                "{}",
-                plugin.log_text()
-            );
+            republished("after the kubelet deleted it", &plugin, &api);
         }
         if gpu == "24 GB" {
             // An API server with DRAConsumableCapacity off drops the sharing fields on
@@ -257,16 +262,7 @@ fn privileged_fgpu_test_kubelet_restart_wipes_the_slices_re_registers_and_emptie
     wait_for("the plugin was not told it is registered", &plugin, || {
         plugin.log_text().contains("registered with the kubelet")
     });
-    wait_for(
-        "the slice was not published again after the restart",
-        &plugin,
-        || api.get(SLICE).is_some(),
-    );
-    assert!(
-        plugin.log_text().contains("publishing it again"),
-        "{}",
-        plugin.log_text()
-    );
+    republished("after the restart", &plugin, &api);
     plugin.stop();
     let _ = std::fs::remove_dir_all(&dirs.root);
 }
