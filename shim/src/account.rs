@@ -10,7 +10,7 @@ use crate::ledger_file;
 use crate::log::{debug, warning};
 use crate::real::{self, CUdevice};
 use crate::table::{Entry, Table};
-use fgpu_common::ledger::{Ledger, MAX_DEVICES};
+use fgpu_common::ledger::{Denied, Ledger, MAX_DEVICES};
 use fgpu_common::quantity::Size;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 
@@ -142,13 +142,7 @@ pub fn used(l: &Ledger, idx: usize) -> u64 {
 const KERNEL_LAG_MS: u64 = 120;
 
 /// Reserves `bytes` if both views stay within `lim`: max(used, kernel_used) + bytes <= lim.
-fn try_reserve(
-    l: &Ledger,
-    idx: usize,
-    slot: usize,
-    bytes: u64,
-    lim: u64,
-) -> Result<u64, fgpu_common::ledger::Denied> {
+fn try_reserve(l: &Ledger, idx: usize, slot: usize, bytes: u64, lim: u64) -> Result<u64, Denied> {
     let over = |v: u64| v.checked_add(bytes).is_none_or(|k| k > lim);
     let kernel_used = &l.usage.devices[idx].kernel_used;
     let mut kernel = kernel_used.load(SeqCst);
@@ -164,7 +158,7 @@ fn try_reserve(
         }
     }
     if over(kernel) {
-        return Err(fgpu_common::ledger::Denied {
+        return Err(Denied {
             used: kernel.max(l.used(idx)),
             limit: lim,
         });
@@ -187,9 +181,9 @@ pub fn check_limit_vs_device(limit: u64, physical: u64, dev: impl std::fmt::Disp
 }
 
 /// Reserves `bytes` on device `ord` for an allocation through `api`.
-/// Ok(None): nothing to account (no limit, no context, no ledger); Err: denied (logged and
-/// counted; the caller returns CUDA_ERROR_OUT_OF_MEMORY).
-pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Charge>, ()> {
+/// Ok(None): nothing to account (no limit, no context, no ledger); Err: denied, with what was
+/// in use and the limit (logged and counted; the caller returns CUDA_ERROR_OUT_OF_MEMORY).
+pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Charge>, Denied> {
     let Some(ord) = ord else {
         return Ok(None);
     };
@@ -216,7 +210,7 @@ pub fn reserve_at(
     idx: usize,
     bytes: u64,
     refresh: impl FnOnce(bool),
-) -> Result<Option<Charge>, ()> {
+) -> Result<Option<Charge>, Denied> {
     let charge = Charge { idx, ord, bytes };
     if bytes == 0 {
         return Ok(Some(charge));
@@ -249,7 +243,7 @@ pub fn reserve_at(
                     Size(own)
                 ),
             );
-            Err(())
+            Err(d)
         }
     }
 }
@@ -262,7 +256,7 @@ pub fn reserve_more(api: &str, c: &mut Charge, extra: u64) -> bool {
             true
         }
         Ok(None) => true,
-        Err(()) => false,
+        Err(_) => false,
     }
 }
 

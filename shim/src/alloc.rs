@@ -49,7 +49,7 @@ fn linear(
     }
     let charge = match reserve(api, current_ordinal(), bytes as u64) {
         Ok(c) => c,
-        Err(()) => return CUDA_ERROR_OUT_OF_MEMORY,
+        Err(_) => return CUDA_ERROR_OUT_OF_MEMORY,
     };
     let rc = call();
     if let Some(c) = charge {
@@ -123,7 +123,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         .unwrap_or(usize::MAX);
     let mut charge = match reserve(api, current_ordinal(), guess as u64) {
         Ok(c) => c,
-        Err(()) => return CUDA_ERROR_OUT_OF_MEMORY,
+        Err(_) => return CUDA_ERROR_OUT_OF_MEMORY,
     };
     let rc = call();
     let Some(c) = charge.as_mut() else {

@@ -61,7 +61,7 @@ fn create(api: &str, out: *mut Handle, bytes: u64, call: impl FnOnce() -> CUresu
     }
     let charge = match reserve(api, current_ordinal(), bytes) {
         Ok(c) => c,
-        Err(()) => return CUDA_ERROR_OUT_OF_MEMORY,
+        Err(_) => return CUDA_ERROR_OUT_OF_MEMORY,
     };
     let rc = call();
     if let Some(c) = charge {

@@ -16,6 +16,9 @@
 //! - [`ledger_file`]: where the ledger comes from (the agent, the standalone file) and process
 //!   slots; [`agent_link`]: the agent connection (Hello, the two memfds, reconnects); [`fork`];
 //!   [`config`]; [`log`].
+//! - [`launch`]: the launch entry points (compute shares); [`gate`]: the launch gate that
+//!   admits GPU work by turns or measured GPU time (docs/compute.md); [`hook`]: inline hooks
+//!   on the driver's launch entry points, for launches that bypass symbol lookup.
 //! - [`hip`]: the same limits for AMD's HIP runtime and ROCm SMI (docs/amd.md).
 
 mod account;

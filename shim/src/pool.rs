@@ -104,7 +104,7 @@ fn pool_alloc(
     let charge = if t.1 > 0 {
         match reserve(api, Some(ord), t.1) {
             Ok(c) => c,
-            Err(()) => {
+            Err(_) => {
                 untake(key, t);
                 return CUDA_ERROR_OUT_OF_MEMORY;
             }

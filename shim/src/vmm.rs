@@ -55,7 +55,7 @@ pub unsafe extern "C" fn cuMemCreate(
     }
     let charge = match reserve("cuMemCreate", Some(p.location_id), size as u64) {
         Ok(c) => c,
-        Err(()) => return CUDA_ERROR_OUT_OF_MEMORY,
+        Err(_) => return CUDA_ERROR_OUT_OF_MEMORY,
     };
     let rc = call();
     if let Some(c) = charge {

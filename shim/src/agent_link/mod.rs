@@ -62,13 +62,13 @@ pub fn same_file(a: i32, b: i32) -> bool {
 
 /// Maps `limits` (read-only) and `usage` (read-write) contiguously as one ledger; returns its
 /// address after checking seals, sizes, magic, version and layout.
-pub fn map_ledger(limits: i32, usage: i32) -> Result<usize, String> {
-    fgpu_ledger::map_shim(limits, usage).map_err(|e| e.to_string())
+pub fn map_ledger(limits: i32, usage: i32) -> Result<usize, fgpu_ledger::Error> {
+    fgpu_ledger::map_shim(limits, usage)
 }
 
 /// Replaces the limits page of the ledger at `base` with `limits` (validated first).
-fn replace_limits(base: usize, limits: i32, usage: i32) -> Result<(), String> {
-    fgpu_ledger::remap_limits(base, limits, usage).map_err(|e| e.to_string())
+fn replace_limits(base: usize, limits: i32, usage: i32) -> Result<(), fgpu_ledger::Error> {
+    fgpu_ledger::remap_limits(base, limits, usage)
 }
 
 /// First contact (from [`crate::ledger_file`]): the agent's ledger, mapped, and our own open
@@ -101,7 +101,7 @@ pub fn first_contact() -> Result<(usize, i32, String), HelloError> {
 }
 
 fn adopt_first(reply: Reply) -> Result<(usize, i32, String), HelloError> {
-    let base = map_ledger(reply.limits.0, reply.usage.0).map_err(HelloError::Bad)?;
+    let base = map_ledger(reply.limits.0, reply.usage.0).map_err(HelloError::Ledger)?;
     // Our own open file description: the one that came over the socket is shared with the
     // agent and every other shim of the cgroup, and slot locks belong to descriptions.
     let own = ledger_file::reopen_own(reply.usage.0);

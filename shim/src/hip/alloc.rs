@@ -43,7 +43,7 @@ fn linear(
         }
         let charge = match reserve(api, None, bytes) {
             Ok(c) => c,
-            Err(()) => return HIP_ERROR_OUT_OF_MEMORY,
+            Err(_) => return HIP_ERROR_OUT_OF_MEMORY,
         };
         let rc = call();
         if let Some(c) = charge {
@@ -137,7 +137,7 @@ pub unsafe extern "C" fn hipMallocPitch(
             .unwrap_or(u64::MAX);
         let mut charge = match reserve(api, None, guess) {
             Ok(c) => c,
-            Err(()) => return HIP_ERROR_OUT_OF_MEMORY,
+            Err(_) => return HIP_ERROR_OUT_OF_MEMORY,
         };
         let rc = call();
         let Some(c) = charge.as_mut() else {
@@ -151,7 +151,7 @@ pub unsafe extern "C" fn hipMallocPitch(
         let real_bytes = (read(pitch.cast_const()) as u64).saturating_mul(height as u64);
         if real_bytes > c.bytes {
             match reserve(api, Some(c.ord), real_bytes - c.bytes) {
-                Err(()) => {
+                Err(_) => {
                     if let Some(free) = real::HIP_FREE.get() {
                         // SAFETY: freeing the allocation the runtime just made for this call.
                         unsafe { free(p) };

@@ -31,6 +31,7 @@ pub mod vmm;
 use crate::account::{self, Charge};
 use crate::config::MAX_ORDINALS;
 use crate::ledger_file;
+use fgpu_common::ledger::Denied;
 use fgpu_common::ledger::Ledger;
 use std::cell::Cell;
 use std::ffi::c_int;
@@ -138,7 +139,7 @@ fn charge_context(idx: usize) {
 
 /// Reserves `bytes` on HIP device `ord` (None: the current device) for `api`.
 /// Ok(None): nothing to account; Err: denied (the caller returns hipErrorOutOfMemory).
-pub fn reserve(api: &str, ord: Option<c_int>, bytes: u64) -> Result<Option<Charge>, ()> {
+pub fn reserve(api: &str, ord: Option<c_int>, bytes: u64) -> Result<Option<Charge>, Denied> {
     let Some(ord) = ord.or_else(current_ordinal) else {
         return Ok(None);
     };

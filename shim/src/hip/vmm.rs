@@ -40,7 +40,7 @@ pub unsafe extern "C" fn hipMemCreate(
         }
         let charge = match reserve("hipMemCreate", Some(p.location_id), size as u64) {
             Ok(c) => c,
-            Err(()) => return HIP_ERROR_OUT_OF_MEMORY,
+            Err(_) => return HIP_ERROR_OUT_OF_MEMORY,
         };
         let rc = call();
         if let Some(c) = charge {
@@ -157,7 +157,7 @@ pub unsafe extern "C" fn hipMallocArray(
         let bytes = array_bytes(&read(desc), width, height);
         let charge = match reserve("hipMallocArray", None, bytes) {
             Ok(c) => c,
-            Err(()) => return HIP_ERROR_OUT_OF_MEMORY,
+            Err(_) => return HIP_ERROR_OUT_OF_MEMORY,
         };
         let rc = call();
         if let Some(c) = charge {
