@@ -9,32 +9,13 @@
 
 use crate::account::{self, Kind, PTRS, current_ordinal, meta, reserve};
 use crate::config;
-use crate::real::{self, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult, Handle};
+use crate::real::{self, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult, Handle, read, real_or_3};
 use std::ffi::c_uint;
 use std::sync::atomic::Ordering::SeqCst;
 
 /// Pitch rows are at least this aligned (CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT is 512
 /// or less on every GPU we know); the real pitch is corrected after the call.
 const PITCH_ALIGN: usize = 512;
-
-macro_rules! real_or_3 {
-    ($sym:expr) => {
-        match $sym.load() {
-            Some(f) => f,
-            None => return $crate::real::CUDA_ERROR_NOT_INITIALIZED,
-        }
-    };
-}
-pub(crate) use real_or_3;
-
-/// Reads `*p` (NULL-safe).
-pub fn read<T: Copy + Default>(p: *const T) -> T {
-    if p.is_null() {
-        return T::default();
-    }
-    // SAFETY: non-NULL pointer the driver just wrote through (driver API contract).
-    unsafe { p.read_unaligned() }
-}
 
 /// A linear allocation of `bytes` on the current device, made by `call`.
 fn linear(

@@ -12,11 +12,11 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, ARRAYS, Kind, current_ordinal, meta, reserve};
-use crate::alloc::{read, real_or_3};
 use crate::config;
 use crate::real::{
     self, Array3dDescriptor, ArrayDescriptor, CUDA_ERROR_OUT_OF_MEMORY, CUresult, Handle,
 };
+use crate::real::{read, real_or_3};
 use std::ffi::{c_int, c_uint};
 
 const ROUND: u64 = 2 << 20;

@@ -20,11 +20,11 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, MANAGED, dev_index, uuid_of_ordinal};
-use crate::alloc::real_or_3;
 use crate::config::{self, MAX_ORDINALS};
 use crate::ledger_file::{self, now_ms};
 use crate::log::{debug, info};
 use crate::nvml;
+use crate::real::real_or_3;
 use crate::real::{self, CUdevice, CUresult, Handle};
 use fgpu_common::quantity::Size;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};

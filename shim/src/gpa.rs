@@ -9,7 +9,7 @@
 
 #![allow(non_snake_case)]
 
-use crate::alloc::real_or_3;
+use crate::real::real_or_3;
 use crate::real::{self, CUresult, Raw};
 use crate::{alloc, array, context, meminfo, nvml, pool, vmm};
 use std::ffi::{c_char, c_int, c_void};

@@ -8,8 +8,8 @@
 
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
-use crate::alloc::real_or_3;
 use crate::gate::{self, Kind};
+use crate::real::real_or_3;
 use crate::real::{self, CUresult, Handle, LaunchConfigHead, Raw};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};

@@ -8,9 +8,9 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, current_ordinal, dev_index};
-use crate::alloc::real_or_3;
 use crate::config;
 use crate::ledger_file;
+use crate::real::real_or_3;
 use crate::real::{self, CUdevice, CUresult};
 use fgpu_common::ledger::NO_LIMIT;
 

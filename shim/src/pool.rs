@@ -17,13 +17,13 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, Kind, POOLS, PTRS, current_ordinal, idx_of, meta, ord_of, reserve};
-use crate::alloc::{read, real_or_3};
 use crate::config;
 use crate::ledger_file;
 use crate::real::{
     self, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUdeviceptr, CUresult,
     Handle, PoolPropsHead,
 };
+use crate::real::{read, real_or_3};
 use crate::table::Entry;
 
 const POOL_ROUND: u64 = 512;

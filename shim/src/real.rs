@@ -394,3 +394,25 @@ pub fn resolve(lib: Lib, load: bool) -> bool {
     }
     true
 }
+
+/// The function in `$sym` (a [`Sym`]), loading its library if needed; or returns 3 from the
+/// calling wrapper: `CUDA_ERROR_NOT_INITIALIZED`, and `hipErrorNotInitialized` alike (both
+/// 3, asserted in crate::hip::real), for the CUDA and the HIP wrappers.
+macro_rules! real_or_3 {
+    ($sym:expr) => {
+        match $sym.load() {
+            Some(f) => f,
+            None => return $crate::real::CUDA_ERROR_NOT_INITIALIZED,
+        }
+    };
+}
+pub(crate) use real_or_3;
+
+/// Reads `*p` (NULL-safe): an out-parameter the driver wrote.
+pub fn read<T: Copy + Default>(p: *const T) -> T {
+    if p.is_null() {
+        return T::default();
+    }
+    // SAFETY: non-NULL pointer the driver just wrote through (driver API contract).
+    unsafe { p.read_unaligned() }
+}

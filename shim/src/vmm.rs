@@ -9,12 +9,12 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, Kind, MAPS, VMM, idx_of, meta, reserve};
-use crate::alloc::{read, real_or_3};
 use crate::config;
 use crate::real::{
     self, AllocPropHead, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr,
     CUresult, MemHandle,
 };
+use crate::real::{read, real_or_3};
 use std::ffi::{c_ulonglong, c_void};
 
 /// Drops one reference of handle `h`; gives its memory back when none is left.

@@ -30,8 +30,8 @@ pub const SHIM: Crate = Crate {
         // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): the
         // data paths run down (alloc -> account -> ledger), control signals climb back up
         // (real installs the launch hooks, config forwards to ledger_file, ledger_file and
-        // agent_link call each other, the gate names hip, alloc hosts `real_or_3!`, gpa
-        // hands out the array and memory-info entry points).
+        // agent_link call each other, the gate names hip, gpa hands out the array and
+        // memory-info entry points).
         &[
             "account",
             "agent_link",

@@ -11,21 +11,9 @@
 use super::real::{self, HIP_ERROR_OUT_OF_MEMORY, HipError};
 use super::{guarded, reserve};
 use crate::account::{self, Kind, PTRS, meta};
-use crate::alloc::read;
-use crate::real::Handle;
+use crate::real::{Handle, read, real_or_3};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::Ordering::SeqCst;
-
-/// The real function, or hipErrorNotInitialized from the wrapper if HIP is not loaded.
-macro_rules! real_or_3 {
-    ($sym:expr) => {
-        match $sym.load() {
-            Some(f) => f,
-            None => return $crate::hip::real::HIP_ERROR_NOT_INITIALIZED,
-        }
-    };
-}
-pub(crate) use real_or_3;
 
 const ALIGN: u64 = 512;
 

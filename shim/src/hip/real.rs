@@ -11,6 +11,8 @@ pub type RsmiStatus = c_int;
 pub type AmdsmiStatus = c_uint;
 pub const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
 pub const HIP_ERROR_NOT_INITIALIZED: HipError = 3;
+// crate::real::real_or_3! returns CUDA's value from the HIP wrappers too.
+const _: () = assert!(HIP_ERROR_NOT_INITIALIZED == crate::real::CUDA_ERROR_NOT_INITIALIZED);
 pub const RSMI_STATUS_INIT_ERROR: RsmiStatus = 8;
 pub const RSMI_MEM_TYPE_VRAM: c_int = 0;
 pub const AMDSMI_STATUS_INIT_ERROR: AmdsmiStatus = 18;
