@@ -95,7 +95,7 @@ extern "C" fn rtld_next_lookup(name: *const c_char) -> *mut c_void {
             std::ptr::null_mut()
         };
     }
-    if !crate::config::active() && !is_gpa(n) {
+    if !crate::ledger_file::active() && !is_gpa(n) {
         return std::ptr::null_mut();
     }
     match crate::gpa::wrapper_by_name(n).or_else(|| crate::hip::wrapper_by_name(n)) {
@@ -129,7 +129,7 @@ extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
             },
         },
     };
-    let enforce = || always || crate::config::active();
+    let enforce = || always || crate::ledger_file::active();
     let pu = p as usize;
     if pu == wrapper {
         // Our own export (RTLD_DEFAULT or a handle of the main program): only meaningful

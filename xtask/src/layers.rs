@@ -27,17 +27,17 @@ pub const SHIM: Crate = Crate {
     layers: &[
         // Logging and the interposition table: use nothing of the crate.
         &["log", "table"],
+        // The environment, read once.
+        &["config"],
         // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): the
         // data paths run down (alloc -> account -> ledger), control signals climb back up
-        // (real installs the launch hooks, config forwards to ledger_file, ledger_file and
-        // agent_link call each other, the gate names hip, gpa hands out the array and
-        // memory-info entry points).
+        // (real installs the launch hooks, ledger_file and agent_link call each other, the
+        // gate names hip, gpa hands out the array and memory-info entry points).
         &[
             "account",
             "agent_link",
             "alloc",
             "array",
-            "config",
             "context",
             "dlsym",
             "gate",

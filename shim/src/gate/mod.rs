@@ -246,7 +246,7 @@ pub fn parse_share(v: &str) -> Result<u32, String> {
 /// gate on or off.
 fn scan_ledger() {
     let mut gated = false;
-    if crate::config::active()
+    if crate::ledger_file::active()
         && let Some((l, _)) = ledger_file::get()
     {
         SEEN_GENERATION.store(l.limits.generation.load(Acquire), Relaxed);

@@ -57,7 +57,7 @@ pub fn off() -> bool {
 
 /// Whether HIP calls are accounted: the shim is active and `FGPU_HIP` is not `off`.
 pub fn enabled() -> bool {
-    !off() && crate::config::active()
+    !off() && crate::ledger_file::active()
 }
 
 /// Whether this thread is inside one of our HIP wrappers (a HIP call arriving now is the
