@@ -47,10 +47,17 @@ mod vmm;
 /// libraries if they are already loaded) and registers the fork handler. Everything else
 /// happens lazily at the first call that needs it.
 extern "C" fn init() {
-    dlsym::ensure_real();
+    real::dl::ensure_real();
+    real::after_cuda_resolved(install_launch_hooks);
     real::resolve(real::Lib::Cuda, false);
     real::resolve(real::Lib::Nvml, false);
     fork::register();
+}
+
+/// Installs the inline hooks on the driver's launch entry points (crate::hook), after every
+/// resolution of CUDA's entry points (they are installed once).
+fn install_launch_hooks() {
+    hook::install(&launch::hook_entries());
 }
 
 #[used]

@@ -25,35 +25,36 @@ pub struct Crate {
 pub const SHIM: Crate = Crate {
     src: "shim/src",
     layers: &[
-        // Logging and the interposition table: use nothing of the crate.
-        &["log", "table"],
+        // Logging, the real entry points and the interposition table: use nothing of the
+        // crate.
+        &["log", "real", "table"],
         // The environment, read once.
         &["config"],
         // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): the
         // data paths run down (alloc -> account -> ledger), control signals climb back up
-        // (real installs the launch hooks, ledger_file and agent_link call each other, the
-        // gate names hip, gpa hands out the array and memory-info entry points).
+        // (account calls context, pool and agent_link; ledger_file and agent_link call each
+        // other, agent_link tells the gate of a new ledger; the gate names hip and publishes
+        // launch's fast path; hip's table uses gpa's macro while gpa hands out launch's
+        // entry points, which name hip).
         &[
             "account",
             "agent_link",
             "alloc",
             "array",
             "context",
-            "dlsym",
             "gate",
             "gpa",
             "hip",
-            "hook",
             "launch",
             "ledger_file",
             "meminfo",
             "nvml",
             "pool",
-            "real",
             "vmm",
         ],
-        // The fork handler, over the rest.
-        &["fork"],
+        // Over the rest, used only by lib.rs: the dlsym interposition, the inline launch
+        // hooks, the fork handler.
+        &["dlsym", "fork", "hook"],
     ],
 };
 

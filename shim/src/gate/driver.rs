@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use super::STATS;
 use super::profile::{Call, timed};
 use crate::config::MAX_ORDINALS;
-use crate::hip::real as hip;
+use crate::real::hip;
 use crate::real::{self, CUresult, Handle, Sym};
 use fgpu_common::ledger::Ledger;
 

@@ -8,9 +8,9 @@
 
 #![allow(non_snake_case)]
 
-use super::real::{self, HIP_ERROR_OUT_OF_MEMORY, HipError};
 use super::{guarded, reserve};
 use crate::account::{self, Kind, PTRS, meta};
+use crate::real::hip::{self as real, HIP_ERROR_OUT_OF_MEMORY, HipError};
 use crate::real::{Handle, read, real_or_3};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::Ordering::SeqCst;

@@ -25,12 +25,12 @@ pub mod amdsmi;
 pub mod gpa;
 pub mod info;
 pub mod launch;
-pub mod real;
 pub mod vmm;
 
 use crate::account::{self, Charge};
 use crate::config::MAX_ORDINALS;
 use crate::ledger_file;
+use crate::real::hip as real;
 use fgpu_common::ledger::Denied;
 use fgpu_common::ledger::Ledger;
 use std::cell::Cell;

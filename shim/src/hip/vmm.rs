@@ -5,9 +5,9 @@
 
 #![allow(non_snake_case)]
 
-use super::real::{self, ChannelFormatDesc, HIP_ERROR_OUT_OF_MEMORY, HipError};
 use super::{guarded, reserve};
 use crate::account::{self, ARRAYS, Kind, MAPS, VMM, idx_of, meta};
+use crate::real::hip::{self as real, ChannelFormatDesc, HIP_ERROR_OUT_OF_MEMORY, HipError};
 use crate::real::read;
 use crate::real::real_or_3;
 use crate::real::{AllocPropHead, CU_MEM_LOCATION_TYPE_DEVICE, Handle, MemHandle};
