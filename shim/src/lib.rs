@@ -49,6 +49,7 @@ mod vmm;
 extern "C" fn init() {
     real::dl::ensure_real();
     real::after_cuda_resolved(install_launch_hooks);
+    gate::on_publish(publish_fast_paths);
     real::resolve(real::Lib::Cuda, false);
     real::resolve(real::Lib::Nvml, false);
     fork::register();
@@ -58,6 +59,13 @@ extern "C" fn init() {
 /// resolution of CUDA's entry points (they are installed once).
 fn install_launch_hooks() {
     hook::install(&launch::hook_entries());
+}
+
+/// Publishes the launch entry points' fast paths, CUDA's and HIP's, when the gate switches
+/// (`open`: no launch is gated).
+fn publish_fast_paths(open: bool) {
+    launch::publish(open);
+    hip::launch::publish(open);
 }
 
 #[used]

@@ -33,9 +33,8 @@ pub const SHIM: Crate = Crate {
         // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): the
         // data paths run down (alloc -> account -> ledger), control signals climb back up
         // (account calls context, pool and agent_link; ledger_file and agent_link call each
-        // other, agent_link tells the gate of a new ledger; the gate names hip and publishes
-        // launch's fast path; hip's table uses gpa's macro while gpa hands out launch's
-        // entry points, which name hip).
+        // other, agent_link tells the gate of a new ledger; the gate names hip; hip's table
+        // uses gpa's macro while gpa hands out launch's entry points, which pass the gate).
         &[
             "account",
             "agent_link",
