@@ -43,13 +43,16 @@ mod real;
 mod table;
 mod vmm;
 
-/// Runs when the library is loaded: resolves pointers only (the real `dlsym`, and the driver
-/// libraries if they are already loaded) and registers the fork handler. Everything else
-/// happens lazily at the first call that needs it.
+/// Runs when the library is loaded: registers what lower modules call back up (the launch
+/// hooks' installation, the fast-path publish, HIP's gate table: plain `fn` pointers and a
+/// static table, stored in atomics before anything is resolved), resolves pointers only (the
+/// real `dlsym`, and the driver libraries if they are already loaded) and registers the fork
+/// handler. Everything else happens lazily at the first call that needs it.
 extern "C" fn init() {
     real::dl::ensure_real();
     real::after_cuda_resolved(install_launch_hooks);
     gate::on_publish(publish_fast_paths);
+    gate::register_hip(&hip::GATE_API);
     real::resolve(real::Lib::Cuda, false);
     real::resolve(real::Lib::Nvml, false);
     fork::register();

@@ -31,26 +31,24 @@ pub const SHIM: Crate = Crate {
         // The environment, read once.
         &["config"],
         // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): the
-        // data paths run down (alloc -> account -> ledger), control signals climb back up
+        // data paths run down (account -> ledger_file), control signals climb back up
         // (account calls context, pool and agent_link; ledger_file and agent_link call each
-        // other, agent_link tells the gate of a new ledger; the gate names hip; hip's table
-        // uses gpa's macro while gpa hands out launch's entry points, which pass the gate).
+        // other; agent_link tells the gate of a new ledger).
         &[
             "account",
             "agent_link",
-            "alloc",
-            "array",
             "context",
             "gate",
-            "gpa",
-            "hip",
-            "launch",
             "ledger_file",
-            "meminfo",
             "nvml",
             "pool",
-            "vmm",
         ],
+        // The CUDA wrappers over the accounting, and the launch entry points over the gate.
+        &["alloc", "array", "launch", "meminfo", "vmm"],
+        // cuGetProcAddress and the table of every wrapper.
+        &["gpa"],
+        // HIP, ROCm SMI and AMD SMI (its table of wrappers uses gpa's macro).
+        &["hip"],
         // Over the rest, used only by lib.rs: the dlsym interposition, the inline launch
         // hooks, the fork handler.
         &["dlsym", "fork", "hook"],

@@ -35,8 +35,8 @@ use crate::ledger_file;
 use crate::log::{error, info, warning};
 use crate::real::{CUresult, Handle};
 use budget::M_OFF;
-pub use driver::Api;
 use driver::CUDA_SUCCESS;
+pub use driver::{Api, GateApi, register_hip};
 use fgpu_common::ledger::MAX_DEVICES;
 
 /// A batch closes once this much host time has passed since its first launch...

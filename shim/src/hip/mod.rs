@@ -86,6 +86,12 @@ pub fn guarded<R>(direct: impl FnOnce() -> R, accounted: impl FnOnce() -> R) -> 
     r
 }
 
+/// What the gate needs of HIP (registered by lib.rs at load time).
+pub static GATE_API: crate::gate::GateApi = crate::gate::GateApi {
+    current_ordinal,
+    dev_index,
+};
+
 /// The calling thread's current HIP device.
 pub fn current_ordinal() -> Option<c_int> {
     let f = real::HIP_GET_DEVICE.get()?;
