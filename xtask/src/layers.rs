@@ -30,19 +30,17 @@ pub const SHIM: Crate = Crate {
         &["log", "real", "table"],
         // The environment, read once.
         &["config"],
-        // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): the
-        // data paths run down (account -> ledger_file), control signals climb back up
-        // (account calls context, pool and agent_link; ledger_file and agent_link call each
-        // other; agent_link tells the gate of a new ledger).
-        &[
-            "account",
-            "agent_link",
-            "context",
-            "gate",
-            "ledger_file",
-            "nvml",
-            "pool",
-        ],
+        // Two loops issue 27 removes (docs/architecture.md, "The shim's import loops"):
+        // where the ledger comes from, ledger_file and agent_link calling each other (first
+        // contact, migration after an agent restart) ...
+        &["agent_link", "ledger_file"],
+        // ... and the accounting, account calling up into context (the context overhead
+        // near the limit, which context reads through nvml) and pool (a pool's bytes given
+        // back).
+        &["account", "context", "nvml", "pool"],
+        // The launch gate (HIP's GateApi table and its hooks for the agent link are
+        // registered by lib.rs).
+        &["gate"],
         // The CUDA wrappers over the accounting, and the launch entry points over the gate.
         &["alloc", "array", "launch", "meminfo", "vmm"],
         // cuGetProcAddress and the table of every wrapper.
