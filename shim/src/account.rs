@@ -12,7 +12,10 @@ use crate::real::{self, CUdevice};
 use crate::table::{Entry, Table};
 use fgpu_common::ledger::{Denied, Ledger, MAX_DEVICES};
 use fgpu_common::quantity::Size;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Release,
+    Ordering::SeqCst,
+};
 
 /// What a table entry is (low 8 bits of `Entry::meta`; then ledger device << 8, CUDA ordinal
 /// << 16).
@@ -69,6 +72,29 @@ pub static MANAGED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX
 static DENIAL_LOGGED: AtomicBool = AtomicBool::new(false);
 static BIG_LIMIT_WARNED: AtomicBool = AtomicBool::new(false);
 static TABLE_FULL_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// What the accounting calls back up into, registered by lib.rs at load time.
+pub struct AccountHooks {
+    /// Before a CUDA reservation on device `ord` (ledger record `idx`), whether it comes near
+    /// the limit: crate::context refreshes the measured context overhead.
+    pub before_reserve: fn(CUdevice, usize, bool),
+    /// A pool allocation's bytes came back to its pool (`pool`, `bytes`; crate::pool).
+    pub pool_returned: fn(u64, u64),
+}
+
+/// The hooks (null until registered).
+static HOOKS: AtomicPtr<AccountHooks> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Registers the hooks; called once, by the library's constructor.
+pub fn register_hooks(hooks: &'static AccountHooks) {
+    HOOKS.store(std::ptr::from_ref(hooks).cast_mut(), Release);
+}
+
+fn hooks() -> Option<&'static AccountHooks> {
+    let p = HOOKS.load(Acquire);
+    // SAFETY: only register_hooks stores here, a pointer from a `&'static AccountHooks`.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
 
 /// What one reservation charged.
 #[derive(Clone, Copy, Debug)]
@@ -195,7 +221,9 @@ pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Ch
         return Ok(None);
     };
     reserve_at(api, (l, slot), ord, idx, bytes, |near| {
-        crate::context::maybe_refresh_overhead(ord, idx, near);
+        if let Some(h) = hooks() {
+            (h.before_reserve)(ord, idx, near);
+        }
     })
 }
 
@@ -287,7 +315,11 @@ pub fn track(t: &Table, key: u64, size: u64, meta: u64, aux: u64) {
 /// Gives back what a removed entry charged (per its kind).
 pub fn release_entry(e: &Entry) {
     match kind_of(e) {
-        k if k == Kind::Pool as u8 => crate::pool::returned(e.aux, e.size),
+        k if k == Kind::Pool as u8 => {
+            if let Some(h) = hooks() {
+                (h.pool_returned)(e.aux, e.size);
+            }
+        }
         k if k == Kind::Managed as u8 => {
             let idx = idx_of(e);
             let _ = MANAGED[idx].fetch_update(SeqCst, SeqCst, |m| Some(m.saturating_sub(e.size)));

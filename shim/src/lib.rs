@@ -45,16 +45,17 @@ mod vmm;
 
 /// Runs when the library is loaded: registers what lower modules call back up (the launch
 /// hooks' installation, the fast-path publish, HIP's gate table, the gate's hooks for the
-/// agent link: plain `fn` pointers and static tables, stored in atomics before anything is
-/// resolved), resolves pointers only (the real `dlsym`, and the driver libraries if they are
-/// already loaded) and registers the fork handler. Everything else happens lazily at the
-/// first call that needs it.
+/// agent link, the accounting's hooks into context and pool: plain `fn` pointers and static
+/// tables, stored in atomics before anything is resolved), resolves pointers only (the real
+/// `dlsym`, and the driver libraries if they are already loaded) and registers the fork
+/// handler. Everything else happens lazily at the first call that needs it.
 extern "C" fn init() {
     real::dl::ensure_real();
     real::after_cuda_resolved(install_launch_hooks);
     gate::on_publish(publish_fast_paths);
     gate::register_hip(&hip::GATE_API);
     agent_link::register_gate(&GATE_HOOKS);
+    account::register_hooks(&ACCOUNT_HOOKS);
     real::resolve(real::Lib::Cuda, false);
     real::resolve(real::Lib::Nvml, false);
     fork::register();
@@ -77,6 +78,12 @@ fn publish_fast_paths(open: bool) {
 static GATE_HOOKS: agent_link::GateHooks = agent_link::GateHooks {
     ledger_changed: gate::ledger_changed,
     check_generation: gate::check_generation,
+};
+
+/// What the accounting calls back up into.
+static ACCOUNT_HOOKS: account::AccountHooks = account::AccountHooks {
+    before_reserve: context::maybe_refresh_overhead,
+    pool_returned: pool::returned,
 };
 
 #[used]

@@ -30,14 +30,16 @@ pub const SHIM: Crate = Crate {
         &["log", "real", "table"],
         // The environment, read once.
         &["config"],
-        // Two loops issue 27 removes (docs/architecture.md, "The shim's import loops"):
-        // where the ledger comes from, ledger_file and agent_link calling each other (first
-        // contact, migration after an agent restart) ...
+        // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): where
+        // the ledger comes from, ledger_file and agent_link calling each other (first
+        // contact, migration after an agent restart).
         &["agent_link", "ledger_file"],
-        // ... and the accounting, account calling up into context (the context overhead
-        // near the limit, which context reads through nvml) and pool (a pool's bytes given
-        // back).
-        &["account", "context", "nvml", "pool"],
+        // The accounting core (its hooks into context and pool are registered by lib.rs).
+        &["account"],
+        // NVML's answers and the shim's own NVML queries; memory pools.
+        &["nvml", "pool"],
+        // The context overhead (measured through nvml).
+        &["context"],
         // The launch gate (HIP's GateApi table and its hooks for the agent link are
         // registered by lib.rs).
         &["gate"],
