@@ -10,9 +10,12 @@ use crate::ledger_file;
 use crate::log::{debug, warning};
 use crate::real::{self, CUdevice};
 use crate::table::{Entry, Table};
-use fgpu_common::ledger::{Ledger, MAX_DEVICES};
+use fgpu_common::ledger::{Denied, Ledger, MAX_DEVICES};
 use fgpu_common::quantity::Size;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Release,
+    Ordering::SeqCst,
+};
 
 /// What a table entry is (low 8 bits of `Entry::meta`; then ledger device << 8, CUDA ordinal
 /// << 16).
@@ -69,6 +72,29 @@ pub static MANAGED: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX
 static DENIAL_LOGGED: AtomicBool = AtomicBool::new(false);
 static BIG_LIMIT_WARNED: AtomicBool = AtomicBool::new(false);
 static TABLE_FULL_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// What the accounting calls back up into, registered by lib.rs at load time.
+pub struct AccountHooks {
+    /// Before a CUDA reservation on device `ord` (ledger record `idx`), whether it comes near
+    /// the limit: crate::context refreshes the measured context overhead.
+    pub before_reserve: fn(CUdevice, usize, bool),
+    /// A pool allocation's bytes came back to its pool (`pool`, `bytes`; crate::pool).
+    pub pool_returned: fn(u64, u64),
+}
+
+/// The hooks (null until registered).
+static HOOKS: AtomicPtr<AccountHooks> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Registers the hooks; called once, by the library's constructor.
+pub fn register_hooks(hooks: &'static AccountHooks) {
+    HOOKS.store(std::ptr::from_ref(hooks).cast_mut(), Release);
+}
+
+fn hooks() -> Option<&'static AccountHooks> {
+    let p = HOOKS.load(Acquire);
+    // SAFETY: only register_hooks stores here, a pointer from a `&'static AccountHooks`.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
 
 /// What one reservation charged.
 #[derive(Clone, Copy, Debug)]
@@ -142,13 +168,7 @@ pub fn used(l: &Ledger, idx: usize) -> u64 {
 const KERNEL_LAG_MS: u64 = 120;
 
 /// Reserves `bytes` if both views stay within `lim`: max(used, kernel_used) + bytes <= lim.
-fn try_reserve(
-    l: &Ledger,
-    idx: usize,
-    slot: usize,
-    bytes: u64,
-    lim: u64,
-) -> Result<u64, fgpu_common::ledger::Denied> {
+fn try_reserve(l: &Ledger, idx: usize, slot: usize, bytes: u64, lim: u64) -> Result<u64, Denied> {
     let over = |v: u64| v.checked_add(bytes).is_none_or(|k| k > lim);
     let kernel_used = &l.usage.devices[idx].kernel_used;
     let mut kernel = kernel_used.load(SeqCst);
@@ -164,7 +184,7 @@ fn try_reserve(
         }
     }
     if over(kernel) {
-        return Err(fgpu_common::ledger::Denied {
+        return Err(Denied {
             used: kernel.max(l.used(idx)),
             limit: lim,
         });
@@ -187,9 +207,9 @@ pub fn check_limit_vs_device(limit: u64, physical: u64, dev: impl std::fmt::Disp
 }
 
 /// Reserves `bytes` on device `ord` for an allocation through `api`.
-/// Ok(None): nothing to account (no limit, no context, no ledger); Err: denied (logged and
-/// counted; the caller returns CUDA_ERROR_OUT_OF_MEMORY).
-pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Charge>, ()> {
+/// Ok(None): nothing to account (no limit, no context, no ledger); Err: denied, with what was
+/// in use and the limit (logged and counted; the caller returns CUDA_ERROR_OUT_OF_MEMORY).
+pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Charge>, Denied> {
     let Some(ord) = ord else {
         return Ok(None);
     };
@@ -201,7 +221,9 @@ pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Ch
         return Ok(None);
     };
     reserve_at(api, (l, slot), ord, idx, bytes, |near| {
-        crate::context::maybe_refresh_overhead(ord, idx, near);
+        if let Some(h) = hooks() {
+            (h.before_reserve)(ord, idx, near);
+        }
     })
 }
 
@@ -216,7 +238,7 @@ pub fn reserve_at(
     idx: usize,
     bytes: u64,
     refresh: impl FnOnce(bool),
-) -> Result<Option<Charge>, ()> {
+) -> Result<Option<Charge>, Denied> {
     let charge = Charge { idx, ord, bytes };
     if bytes == 0 {
         return Ok(Some(charge));
@@ -249,7 +271,7 @@ pub fn reserve_at(
                     Size(own)
                 ),
             );
-            Err(())
+            Err(d)
         }
     }
 }
@@ -262,7 +284,7 @@ pub fn reserve_more(api: &str, c: &mut Charge, extra: u64) -> bool {
             true
         }
         Ok(None) => true,
-        Err(()) => false,
+        Err(_) => false,
     }
 }
 
@@ -293,7 +315,11 @@ pub fn track(t: &Table, key: u64, size: u64, meta: u64, aux: u64) {
 /// Gives back what a removed entry charged (per its kind).
 pub fn release_entry(e: &Entry) {
     match kind_of(e) {
-        k if k == Kind::Pool as u8 => crate::pool::returned(e.aux, e.size),
+        k if k == Kind::Pool as u8 => {
+            if let Some(h) = hooks() {
+                (h.pool_returned)(e.aux, e.size);
+            }
+        }
         k if k == Kind::Managed as u8 => {
             let idx = idx_of(e);
             let _ = MANAGED[idx].fetch_update(SeqCst, SeqCst, |m| Some(m.saturating_sub(e.size)));

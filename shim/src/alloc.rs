@@ -8,33 +8,14 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, Kind, PTRS, current_ordinal, meta, reserve};
-use crate::config;
-use crate::real::{self, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult, Handle};
+use crate::ledger_file;
+use crate::real::{self, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult, Handle, read, real_or_3};
 use std::ffi::c_uint;
 use std::sync::atomic::Ordering::SeqCst;
 
 /// Pitch rows are at least this aligned (CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT is 512
 /// or less on every GPU we know); the real pitch is corrected after the call.
 const PITCH_ALIGN: usize = 512;
-
-macro_rules! real_or_3 {
-    ($sym:expr) => {
-        match $sym.load() {
-            Some(f) => f,
-            None => return $crate::real::CUDA_ERROR_NOT_INITIALIZED,
-        }
-    };
-}
-pub(crate) use real_or_3;
-
-/// Reads `*p` (NULL-safe).
-pub fn read<T: Copy + Default>(p: *const T) -> T {
-    if p.is_null() {
-        return T::default();
-    }
-    // SAFETY: non-NULL pointer the driver just wrote through (driver API contract).
-    unsafe { p.read_unaligned() }
-}
 
 /// A linear allocation of `bytes` on the current device, made by `call`.
 fn linear(
@@ -44,12 +25,12 @@ fn linear(
     kind: Kind,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    if !config::active() || dptr.is_null() {
+    if !ledger_file::active() || dptr.is_null() {
         return call();
     }
     let charge = match reserve(api, current_ordinal(), bytes as u64) {
         Ok(c) => c,
-        Err(()) => return CUDA_ERROR_OUT_OF_MEMORY,
+        Err(_) => return CUDA_ERROR_OUT_OF_MEMORY,
     };
     let rc = call();
     if let Some(c) = charge {
@@ -113,7 +94,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     let f = real_or_3!(real::CU_MEM_ALLOC_PITCH);
     // SAFETY: forwarding the caller's arguments unchanged (used in all paths below).
     let call = || unsafe { f(dptr, pitch, width, height, elem) };
-    if !config::active() || dptr.is_null() || pitch.is_null() {
+    if !ledger_file::active() || dptr.is_null() || pitch.is_null() {
         return call();
     }
     let api = "cuMemAllocPitch_v2";
@@ -123,7 +104,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         .unwrap_or(usize::MAX);
     let mut charge = match reserve(api, current_ordinal(), guess as u64) {
         Ok(c) => c,
-        Err(()) => return CUDA_ERROR_OUT_OF_MEMORY,
+        Err(_) => return CUDA_ERROR_OUT_OF_MEMORY,
     };
     let rc = call();
     let Some(c) = charge.as_mut() else {
@@ -154,7 +135,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 
 /// Frees pointer `p` with `call`: forgets it first, restores the entry if the call failed.
 fn free_ptr(p: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
-    if !config::active() || p == 0 {
+    if !ledger_file::active() || p == 0 {
         return call();
     }
     let entry = PTRS.remove(p);

@@ -12,11 +12,11 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, ARRAYS, Kind, current_ordinal, meta, reserve};
-use crate::alloc::{read, real_or_3};
-use crate::config;
+use crate::ledger_file;
 use crate::real::{
     self, Array3dDescriptor, ArrayDescriptor, CUDA_ERROR_OUT_OF_MEMORY, CUresult, Handle,
 };
+use crate::real::{read, real_or_3};
 use std::ffi::{c_int, c_uint};
 
 const ROUND: u64 = 2 << 20;
@@ -56,12 +56,12 @@ pub fn footprint(
 }
 
 fn create(api: &str, out: *mut Handle, bytes: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    if !config::active() || out.is_null() {
+    if !ledger_file::active() || out.is_null() {
         return call();
     }
     let charge = match reserve(api, current_ordinal(), bytes) {
         Ok(c) => c,
-        Err(()) => return CUDA_ERROR_OUT_OF_MEMORY,
+        Err(_) => return CUDA_ERROR_OUT_OF_MEMORY,
     };
     let rc = call();
     if let Some(c) = charge {
@@ -76,7 +76,7 @@ fn create(api: &str, out: *mut Handle, bytes: u64, call: impl FnOnce() -> CUresu
 }
 
 fn destroy(h: Handle, call: impl FnOnce() -> CUresult) -> CUresult {
-    if !config::active() {
+    if !ledger_file::active() {
         return call();
     }
     let e = ARRAYS.remove(h as u64);

@@ -94,12 +94,6 @@ pub fn get() -> &'static Config {
     CONFIG.get_or_init(read)
 }
 
-/// Whether the shim accounts and enforces: an agent handed over a ledger, or the environment
-/// sets a limit. Decided at the first call (which connects to the agent); cheap afterwards.
-pub fn active() -> bool {
-    crate::ledger_file::active()
-}
-
 /// The agent's socket unless FGPU_SOCKET says otherwise.
 pub const DEFAULT_SOCKET: &str = "/run/fgpu/fgpu.sock";
 

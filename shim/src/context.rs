@@ -20,11 +20,11 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, MANAGED, dev_index, uuid_of_ordinal};
-use crate::alloc::real_or_3;
 use crate::config::{self, MAX_ORDINALS};
 use crate::ledger_file::{self, now_ms};
 use crate::log::{debug, info};
 use crate::nvml;
+use crate::real::real_or_3;
 use crate::real::{self, CUdevice, CUresult, Handle};
 use fgpu_common::quantity::Size;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
@@ -127,7 +127,7 @@ pub fn maybe_refresh_overhead(ord: CUdevice, idx: usize, near_limit: bool) {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevice) -> CUresult {
     let f = real_or_3!(real::CU_DEVICE_PRIMARY_CTX_RETAIN);
-    let Some(o) = ordinal(dev).filter(|_| config::active()) else {
+    let Some(o) = ordinal(dev).filter(|_| ledger_file::active()) else {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { f(pctx, dev) };
     };
@@ -152,7 +152,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
     // SAFETY: forwarding the caller's argument unchanged.
     let rc = unsafe { f(dev) };
     if rc == 0
-        && config::active()
+        && ledger_file::active()
         && let Some(o) = ordinal(dev)
     {
         let prev = CTX_REFS[o].fetch_update(SeqCst, SeqCst, |r| r.checked_sub(1));
@@ -171,7 +171,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     // SAFETY: forwarding the caller's argument unchanged.
     let rc = unsafe { f(dev) };
     if rc == 0
-        && config::active()
+        && ledger_file::active()
         && let Some(o) = ordinal(dev)
         && CTX_REFS[o].swap(0, SeqCst) > 0
     {

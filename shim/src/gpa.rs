@@ -9,7 +9,7 @@
 
 #![allow(non_snake_case)]
 
-use crate::alloc::real_or_3;
+use crate::real::real_or_3;
 use crate::real::{self, CUresult, Raw};
 use crate::{alloc, array, context, meminfo, nvml, pool, vmm};
 use std::ffi::{c_char, c_int, c_void};
@@ -91,7 +91,7 @@ fn substitute(pfn: *mut *mut c_void) {
     }
     let w = match crate::launch::wrapper_by_real(p) {
         Some(w) => Some(w),
-        None if crate::config::active() => wrapper_by_real(p),
+        None if crate::ledger_file::active() => wrapper_by_real(p),
         None => None,
     };
     if let Some(w) = w {

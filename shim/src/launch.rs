@@ -8,8 +8,8 @@
 
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
-use crate::alloc::real_or_3;
 use crate::gate::{self, Kind};
+use crate::real::real_or_3;
 use crate::real::{self, CUresult, Handle, LaunchConfigHead, Raw};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -65,12 +65,12 @@ entries! {
 }
 
 /// `open`: no launch is gated, entry points call the driver straight away; otherwise every
-/// launch goes through the gate.
+/// launch goes through the gate. Called by the gate (through the callback lib.rs registers,
+/// with crate::hip::launch::publish).
 pub fn publish(open: bool) {
     for (f, raw) in FAST.iter().zip(RAWS) {
         f.store(if open { raw.callable() } else { 0 }, Relaxed);
     }
-    crate::hip::launch::publish(open);
 }
 
 /// The entry points' call addresses changed (inline hooks installed): an open fast path

@@ -114,7 +114,9 @@ pub fn get() -> Option<(&'static Ledger, usize)> {
     view().map(|v| (v.ledger(), v.slot))
 }
 
-/// Whether the shim accounts and enforces at all (an agent ledger or an environment limit).
+/// Whether the shim accounts and enforces at all: an agent handed over a ledger, or the
+/// environment sets a limit. Decided at the first call (which connects to the agent); cheap
+/// afterwards.
 pub fn active() -> bool {
     view().is_some()
 }

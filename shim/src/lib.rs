@@ -16,6 +16,9 @@
 //! - [`ledger_file`]: where the ledger comes from (the agent, the standalone file) and process
 //!   slots; [`agent_link`]: the agent connection (Hello, the two memfds, reconnects); [`fork`];
 //!   [`config`]; [`log`].
+//! - [`launch`]: the launch entry points (compute shares); [`gate`]: the launch gate that
+//!   admits GPU work by turns or measured GPU time (docs/compute.md); [`hook`]: inline hooks
+//!   on the driver's launch entry points, for launches that bypass symbol lookup.
 //! - [`hip`]: the same limits for AMD's HIP runtime and ROCm SMI (docs/amd.md).
 
 mod account;
@@ -40,15 +43,48 @@ mod real;
 mod table;
 mod vmm;
 
-/// Runs when the library is loaded: resolves pointers only (the real `dlsym`, and the driver
-/// libraries if they are already loaded) and registers the fork handler. Everything else
-/// happens lazily at the first call that needs it.
+/// Runs when the library is loaded: registers what lower modules call back up (the launch
+/// hooks' installation, the fast-path publish, HIP's gate table, the gate's hooks for the
+/// agent link, the accounting's hooks into context and pool: plain `fn` pointers and static
+/// tables, stored in atomics before anything is resolved), resolves pointers only (the real
+/// `dlsym`, and the driver libraries if they are already loaded) and registers the fork
+/// handler. Everything else happens lazily at the first call that needs it.
 extern "C" fn init() {
-    dlsym::ensure_real();
+    real::dl::ensure_real();
+    real::after_cuda_resolved(install_launch_hooks);
+    gate::on_publish(publish_fast_paths);
+    gate::register_hip(&hip::GATE_API);
+    agent_link::register_gate(&GATE_HOOKS);
+    account::register_hooks(&ACCOUNT_HOOKS);
     real::resolve(real::Lib::Cuda, false);
     real::resolve(real::Lib::Nvml, false);
     fork::register();
 }
+
+/// Installs the inline hooks on the driver's launch entry points (crate::hook), after every
+/// resolution of CUDA's entry points (they are installed once).
+fn install_launch_hooks() {
+    hook::install(&launch::hook_entries());
+}
+
+/// Publishes the launch entry points' fast paths, CUDA's and HIP's, when the gate switches
+/// (`open`: no launch is gated).
+fn publish_fast_paths(open: bool) {
+    launch::publish(open);
+    hip::launch::publish(open);
+}
+
+/// What the agent link tells the gate.
+static GATE_HOOKS: agent_link::GateHooks = agent_link::GateHooks {
+    ledger_changed: gate::ledger_changed,
+    check_generation: gate::check_generation,
+};
+
+/// What the accounting calls back up into.
+static ACCOUNT_HOOKS: account::AccountHooks = account::AccountHooks {
+    before_reserve: context::maybe_refresh_overhead,
+    pool_returned: pool::returned,
+};
 
 #[used]
 #[unsafe(link_section = ".init_array")]

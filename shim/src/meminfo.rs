@@ -8,9 +8,8 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, current_ordinal, dev_index};
-use crate::alloc::real_or_3;
-use crate::config;
 use crate::ledger_file;
+use crate::real::real_or_3;
 use crate::real::{self, CUdevice, CUresult};
 use fgpu_common::ledger::NO_LIMIT;
 
@@ -21,7 +20,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     let f = real_or_3!(real::CU_MEM_GET_INFO);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(free, total) };
-    if rc != 0 || free.is_null() || total.is_null() || !config::active() {
+    if rc != 0 || free.is_null() || total.is_null() || !ledger_file::active() {
         return rc;
     }
     let Some(ord) = current_ordinal() else {
@@ -59,7 +58,7 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     let f = real_or_3!(real::CU_DEVICE_TOTAL_MEM);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(bytes, dev) };
-    if rc != 0 || bytes.is_null() || !config::active() {
+    if rc != 0 || bytes.is_null() || !ledger_file::active() {
         return rc;
     }
     let Some((l, _)) = ledger_file::get() else {

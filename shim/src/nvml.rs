@@ -167,7 +167,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     };
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(dev, mem) };
-    if rc != 0 || mem.is_null() || !config::active() {
+    if rc != 0 || mem.is_null() || !ledger_file::active() {
         return rc;
     }
     // SAFETY: the caller's struct, just filled in by NVML.
@@ -195,7 +195,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     };
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(dev, mem) };
-    if rc != 0 || mem.is_null() || !config::active() {
+    if rc != 0 || mem.is_null() || !ledger_file::active() {
         return rc;
     }
     // SAFETY: the caller's struct, just filled in by NVML.

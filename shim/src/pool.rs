@@ -17,13 +17,12 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, Kind, POOLS, PTRS, current_ordinal, idx_of, meta, ord_of, reserve};
-use crate::alloc::{read, real_or_3};
-use crate::config;
 use crate::ledger_file;
 use crate::real::{
     self, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUdeviceptr, CUresult,
     Handle, PoolPropsHead,
 };
+use crate::real::{read, real_or_3};
 use crate::table::Entry;
 
 const POOL_ROUND: u64 = 512;
@@ -87,7 +86,7 @@ fn pool_alloc(
     pool: Option<Handle>,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    if !config::active() || dptr.is_null() || bytes == 0 {
+    if !ledger_file::active() || dptr.is_null() || bytes == 0 {
         return call();
     }
     let cur = current_ordinal();
@@ -104,7 +103,7 @@ fn pool_alloc(
     let charge = if t.1 > 0 {
         match reserve(api, Some(ord), t.1) {
             Ok(c) => c,
-            Err(()) => {
+            Err(_) => {
                 untake(key, t);
                 return CUDA_ERROR_OUT_OF_MEMORY;
             }
@@ -212,7 +211,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     let f = real_or_3!(real::CU_MEM_POOL_CREATE);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(pool, props) };
-    if rc == 0 && config::active() && !pool.is_null() && !props.is_null() {
+    if rc == 0 && ledger_file::active() && !pool.is_null() && !props.is_null() {
         // SAFETY: the caller's properties (read by the driver just now).
         let p = unsafe { props.read_unaligned() };
         if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE {
@@ -230,7 +229,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CUresult {
     // SAFETY: forwarding the caller's argument unchanged.
     let rc = unsafe { f(pool) };
     if rc == 0
-        && config::active()
+        && ledger_file::active()
         && let Some(e) = POOLS.remove(pool as u64)
     {
         let key = pool as u64;
@@ -247,7 +246,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CUresult 
     let f = real_or_3!(real::CU_MEM_POOL_TRIM_TO);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(pool, keep) };
-    if rc == 0 && config::active() {
+    if rc == 0 && ledger_file::active() {
         let mut rel = 0u64;
         if let Some(e) = POOLS.update(pool as u64, |e| {
             let in_use = e.size - e.aux;

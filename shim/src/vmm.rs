@@ -9,12 +9,12 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, Kind, MAPS, VMM, idx_of, meta, reserve};
-use crate::alloc::{read, real_or_3};
-use crate::config;
+use crate::ledger_file;
 use crate::real::{
     self, AllocPropHead, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr,
     CUresult, MemHandle,
 };
+use crate::real::{read, real_or_3};
 use std::ffi::{c_ulonglong, c_void};
 
 /// Drops one reference of handle `h`; gives its memory back when none is left.
@@ -45,7 +45,7 @@ pub unsafe extern "C" fn cuMemCreate(
     let f = real_or_3!(real::CU_MEM_CREATE);
     // SAFETY: forwarding the caller's arguments unchanged.
     let call = || unsafe { f(handle, size, prop, flags) };
-    if !config::active() || handle.is_null() || prop.is_null() {
+    if !ledger_file::active() || handle.is_null() || prop.is_null() {
         return call();
     }
     // SAFETY: the caller's CUmemAllocationProp (non-NULL), read before the driver reads it.
@@ -55,7 +55,7 @@ pub unsafe extern "C" fn cuMemCreate(
     }
     let charge = match reserve("cuMemCreate", Some(p.location_id), size as u64) {
         Ok(c) => c,
-        Err(()) => return CUDA_ERROR_OUT_OF_MEMORY,
+        Err(_) => return CUDA_ERROR_OUT_OF_MEMORY,
     };
     let rc = call();
     if let Some(c) = charge {
@@ -81,7 +81,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: MemHandle) -> CUresult {
     let f = real_or_3!(real::CU_MEM_RELEASE);
     // SAFETY: forwarding the caller's argument unchanged.
     let rc = unsafe { f(handle) };
-    if rc == 0 && config::active() {
+    if rc == 0 && ledger_file::active() {
         unref(handle);
     }
     rc
@@ -100,7 +100,7 @@ pub unsafe extern "C" fn cuMemMap(
     let f = real_or_3!(real::CU_MEM_MAP);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(ptr, size, offset, handle, flags) };
-    if rc == 0 && config::active() {
+    if rc == 0 && ledger_file::active() {
         let tracked = VMM.update(handle, |e| {
             e.aux += 1;
             true
@@ -125,7 +125,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     let f = real_or_3!(real::CU_MEM_UNMAP);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(ptr, size) };
-    if rc == 0 && config::active() {
+    if rc == 0 && ledger_file::active() {
         // The range covers whole mappings: walk them from its start.
         let end = ptr.saturating_add(size as u64);
         let mut p = ptr;
@@ -152,7 +152,7 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     let f = real_or_3!(real::CU_MEM_RETAIN_ALLOCATION_HANDLE);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(handle, addr) };
-    if rc == 0 && config::active() && !handle.is_null() {
+    if rc == 0 && ledger_file::active() && !handle.is_null() {
         VMM.update(read(handle.cast_const()), |e| {
             e.aux += 1;
             true

@@ -25,35 +25,33 @@ pub struct Crate {
 pub const SHIM: Crate = Crate {
     src: "shim/src",
     layers: &[
-        // Logging and the interposition table: use nothing of the crate.
-        &["log", "table"],
-        // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): the
-        // data paths run down (alloc -> account -> ledger), control signals climb back up
-        // (real installs the launch hooks, config forwards to ledger_file, ledger_file and
-        // agent_link call each other, the gate names hip, alloc hosts `real_or_3!`, gpa
-        // hands out the array and memory-info entry points).
-        &[
-            "account",
-            "agent_link",
-            "alloc",
-            "array",
-            "config",
-            "context",
-            "dlsym",
-            "gate",
-            "gpa",
-            "hip",
-            "hook",
-            "launch",
-            "ledger_file",
-            "meminfo",
-            "nvml",
-            "pool",
-            "real",
-            "vmm",
-        ],
-        // The fork handler, over the rest.
-        &["fork"],
+        // Logging, the real entry points and the interposition table: use nothing of the
+        // crate.
+        &["log", "real", "table"],
+        // The environment, read once.
+        &["config"],
+        // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): where
+        // the ledger comes from, ledger_file and agent_link calling each other (first
+        // contact, migration after an agent restart).
+        &["agent_link", "ledger_file"],
+        // The accounting core (its hooks into context and pool are registered by lib.rs).
+        &["account"],
+        // NVML's answers and the shim's own NVML queries; memory pools.
+        &["nvml", "pool"],
+        // The context overhead (measured through nvml).
+        &["context"],
+        // The launch gate (HIP's GateApi table and its hooks for the agent link are
+        // registered by lib.rs).
+        &["gate"],
+        // The CUDA wrappers over the accounting, and the launch entry points over the gate.
+        &["alloc", "array", "launch", "meminfo", "vmm"],
+        // cuGetProcAddress and the table of every wrapper.
+        &["gpa"],
+        // HIP, ROCm SMI and AMD SMI (its table of wrappers uses gpa's macro).
+        &["hip"],
+        // Over the rest, used only by lib.rs: the dlsym interposition, the inline launch
+        // hooks, the fork handler.
+        &["dlsym", "fork", "hook"],
     ],
 };
 

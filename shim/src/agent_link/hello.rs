@@ -43,6 +43,8 @@ pub enum HelloError {
     Refused(String),
     /// The agent answered something unusable.
     Bad(String),
+    /// The ledger the agent handed over did not map (seals, sizes, magic, version, layout).
+    Ledger(fgpu_ledger::Error),
 }
 
 impl std::fmt::Display for HelloError {
@@ -51,6 +53,7 @@ impl std::fmt::Display for HelloError {
             HelloError::NoAgent(s) => write!(f, "no fgpu agent ({s})"),
             HelloError::Refused(s) => write!(f, "the fgpu agent refused the ledger: {s}"),
             HelloError::Bad(s) => write!(f, "bad answer from the fgpu agent: {s}"),
+            HelloError::Ledger(e) => write!(f, "bad answer from the fgpu agent: {e}"),
         }
     }
 }

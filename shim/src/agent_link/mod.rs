@@ -25,7 +25,10 @@ use crate::config;
 use crate::ledger_file::{self, now_ms};
 use crate::log::{debug, error, info, warning};
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU64, Ordering::Acquire, Ordering::Release,
+    Ordering::SeqCst,
+};
 
 /// `FGPU_AGENT=required`: how long the shim keeps trying at start.
 pub const REQUIRED_WAIT_MS: u64 = 10_000;
@@ -45,6 +48,28 @@ static LAST_CHECK_MS: AtomicU64 = AtomicU64::new(0);
 static BUSY: AtomicBool = AtomicBool::new(false);
 static LOST_WARNED: AtomicBool = AtomicBool::new(false);
 
+/// What the link tells the launch gate (crate::gate), registered by lib.rs at load time.
+pub struct GateHooks {
+    /// A reconnect installed a new ledger or limits page: re-read the compute settings.
+    pub ledger_changed: fn(),
+    /// The periodic check: re-read the compute settings if the ledger's generation moved.
+    pub check_generation: fn(),
+}
+
+/// The gate's hooks (null until registered).
+static GATE: AtomicPtr<GateHooks> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Registers the gate's hooks; called once, by the library's constructor.
+pub fn register_gate(hooks: &'static GateHooks) {
+    GATE.store(std::ptr::from_ref(hooks).cast_mut(), Release);
+}
+
+fn gate() -> Option<&'static GateHooks> {
+    let p = GATE.load(Acquire);
+    // SAFETY: only register_gate stores here, a pointer from a `&'static GateHooks`.
+    (!p.is_null()).then(|| unsafe { &*p })
+}
+
 fn stat(fd: i32) -> Option<libc::stat> {
     // SAFETY: stat is plain data; fstat fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -62,13 +87,13 @@ pub fn same_file(a: i32, b: i32) -> bool {
 
 /// Maps `limits` (read-only) and `usage` (read-write) contiguously as one ledger; returns its
 /// address after checking seals, sizes, magic, version and layout.
-pub fn map_ledger(limits: i32, usage: i32) -> Result<usize, String> {
-    fgpu_ledger::map_shim(limits, usage).map_err(|e| e.to_string())
+pub fn map_ledger(limits: i32, usage: i32) -> Result<usize, fgpu_ledger::Error> {
+    fgpu_ledger::map_shim(limits, usage)
 }
 
 /// Replaces the limits page of the ledger at `base` with `limits` (validated first).
-fn replace_limits(base: usize, limits: i32, usage: i32) -> Result<(), String> {
-    fgpu_ledger::remap_limits(base, limits, usage).map_err(|e| e.to_string())
+fn replace_limits(base: usize, limits: i32, usage: i32) -> Result<(), fgpu_ledger::Error> {
+    fgpu_ledger::remap_limits(base, limits, usage)
 }
 
 /// First contact (from [`crate::ledger_file`]): the agent's ledger, mapped, and our own open
@@ -101,7 +126,7 @@ pub fn first_contact() -> Result<(usize, i32, String), HelloError> {
 }
 
 fn adopt_first(reply: Reply) -> Result<(usize, i32, String), HelloError> {
-    let base = map_ledger(reply.limits.0, reply.usage.0).map_err(HelloError::Bad)?;
+    let base = map_ledger(reply.limits.0, reply.usage.0).map_err(HelloError::Ledger)?;
     // Our own open file description: the one that came over the socket is shared with the
     // agent and every other shim of the cgroup, and slot locks belong to descriptions.
     let own = ledger_file::reopen_own(reply.usage.0);
@@ -163,7 +188,9 @@ pub fn tick() {
     }
     BUSY.store(false, SeqCst);
     // A compute share set or changed since the gate last looked.
-    crate::gate::check_generation();
+    if let Some(g) = gate() {
+        (g.check_generation)();
+    }
 }
 
 /// Tries once to get the agent's ledger again and switch to it.
@@ -227,7 +254,9 @@ fn reconnect() {
         }
         LINK.store(UP, SeqCst);
         LOST_WARNED.store(false, SeqCst);
-        crate::gate::ledger_changed();
+        if let Some(g) = gate() {
+            (g.ledger_changed)();
+        }
         info!(
             "reconnected to the fgpu agent at {} (cgroup {})",
             cfg.socket, reply.cgroup

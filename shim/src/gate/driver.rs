@@ -11,12 +11,13 @@
 //! ([`device`]: `MAX_ORDINALS` + HIP ordinal), bound to ledger records by HIP UUID.
 
 use std::ffi::{c_int, c_uint};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicPtr;
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use super::STATS;
 use super::profile::{Call, timed};
 use crate::config::MAX_ORDINALS;
-use crate::hip::real as hip;
+use crate::real::hip;
 use crate::real::{self, CUresult, Handle, Sym};
 use fgpu_common::ledger::Ledger;
 
@@ -36,6 +37,44 @@ pub enum Api {
     #[default]
     Cuda,
     Hip,
+}
+
+/// What the gate needs of a device API beyond its real entry points: the calling thread's
+/// current device and the ledger record a device is bound to. CUDA's is crate::account's;
+/// HIP's (crate::hip) is registered by lib.rs at load time ([`register_hip`]).
+pub struct GateApi {
+    pub current_ordinal: fn() -> Option<c_int>,
+    pub dev_index: fn(&Ledger, c_int) -> Option<usize>,
+}
+
+static CUDA_API: GateApi = GateApi {
+    current_ordinal: crate::account::current_ordinal,
+    dev_index: crate::account::dev_index,
+};
+
+/// HIP's table (null until registered).
+static HIP_API: AtomicPtr<GateApi> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Registers HIP's table; called once, by the library's constructor.
+pub fn register_hip(api: &'static GateApi) {
+    HIP_API.store(std::ptr::from_ref(api).cast_mut(), Release);
+}
+
+/// `api`'s table (None: HIP's, not registered yet).
+fn table(api: Api) -> Option<&'static GateApi> {
+    match api {
+        Api::Cuda => Some(&CUDA_API),
+        Api::Hip => {
+            let p = HIP_API.load(Acquire);
+            // SAFETY: only register_hip stores here, a pointer from a `&'static GateApi`.
+            (!p.is_null()).then(|| unsafe { &*p })
+        }
+    }
+}
+
+/// The calling thread's current device of `api`.
+fn current_ordinal(api: Api) -> Option<c_int> {
+    table(api).and_then(|t| (t.current_ordinal)())
 }
 
 /// The entry point of `api`: `cuda` or `hip` (same C signature).
@@ -180,7 +219,7 @@ pub fn elapsed_ns(api: Api, start: usize, end: usize) -> Option<i64> {
 /// The calling thread's current context (HIP: its current device's ordinal + 1); 0 if none.
 pub fn current_ctx(api: Api) -> usize {
     if api == Api::Hip {
-        return crate::hip::current_ordinal().map_or(0, |o| o as usize + 1);
+        return current_ordinal(api).map_or(0, |o| o as usize + 1);
     }
     let Some(f) = real::CU_CTX_GET_CURRENT.get() else {
         return 0;
@@ -218,10 +257,11 @@ pub fn set_current_ctx(api: Api, ctx: usize) -> bool {
 
 /// The gate device number of the calling thread's current device (0 if unknown).
 pub fn device(api: Api) -> usize {
-    let (ord, base) = match api {
-        Api::Cuda => (crate::account::current_ordinal(), 0),
-        Api::Hip => (crate::hip::current_ordinal(), HIP_DEVICE_BASE),
+    let base = match api {
+        Api::Cuda => 0,
+        Api::Hip => HIP_DEVICE_BASE,
     };
+    let ord = current_ordinal(api);
     ord.and_then(|o| usize::try_from(o).ok())
         .filter(|&o| o < MAX_ORDINALS)
         .map_or(base, |o| base + o)
@@ -229,8 +269,9 @@ pub fn device(api: Api) -> usize {
 
 /// The ledger record of gate device `dev` (bound by the UUID its API reports).
 pub fn dev_index(l: &Ledger, dev: usize) -> Option<usize> {
-    match dev.checked_sub(HIP_DEVICE_BASE) {
-        None => crate::account::dev_index(l, dev as c_int),
-        Some(ord) => crate::hip::dev_index(l, ord as c_int),
-    }
+    let (api, ord) = match dev.checked_sub(HIP_DEVICE_BASE) {
+        None => (Api::Cuda, dev),
+        Some(ord) => (Api::Hip, ord),
+    };
+    table(api).and_then(|t| (t.dev_index)(l, ord as c_int))
 }

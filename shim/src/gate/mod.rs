@@ -27,15 +27,16 @@ mod tuning;
 
 use std::sync::Once;
 use std::sync::atomic::{
-    AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed,
+    AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed,
+    Ordering::Release,
 };
 
 use crate::ledger_file;
 use crate::log::{error, info, warning};
 use crate::real::{CUresult, Handle};
 use budget::M_OFF;
-pub use driver::Api;
 use driver::CUDA_SUCCESS;
+pub use driver::{Api, GateApi, register_hip};
 use fgpu_common::ledger::MAX_DEVICES;
 
 /// A batch closes once this much host time has passed since its first launch...
@@ -246,7 +247,7 @@ pub fn parse_share(v: &str) -> Result<u32, String> {
 /// gate on or off.
 fn scan_ledger() {
     let mut gated = false;
-    if crate::config::active()
+    if crate::ledger_file::active()
         && let Some((l, _)) = ledger_file::get()
     {
         SEEN_GENERATION.store(l.limits.generation.load(Acquire), Relaxed);
@@ -255,7 +256,26 @@ fn scan_ledger() {
     LEDGER_GATED.store(gated, Relaxed);
     let on = gated || ENV_PCT.load(Relaxed) != 0;
     STATE.store(if on { ON } else { OFF }, Relaxed);
-    crate::launch::publish(!on);
+    publish(!on);
+}
+
+/// Publishes the launch entry points' fast paths (crate::launch, crate::hip::launch): a
+/// `fn(bool)` that lib.rs registers at load time; 0 until then.
+static PUBLISH: AtomicUsize = AtomicUsize::new(0);
+
+/// Registers `f` to publish the launch entry points' fast paths (`open`: no launch is gated);
+/// called once, by the library's constructor.
+pub fn on_publish(f: fn(bool)) {
+    PUBLISH.store(f as usize, Release);
+}
+
+fn publish(open: bool) {
+    let f = PUBLISH.load(Acquire);
+    if f != 0 {
+        // SAFETY: only on_publish stores here, and it stores a `fn(bool)`.
+        let f = unsafe { std::mem::transmute::<usize, fn(bool)>(f) };
+        f(open);
+    }
 }
 
 /// The ledger generation the compute settings were last read at (u64::MAX: never).

@@ -8,24 +8,12 @@
 
 #![allow(non_snake_case)]
 
-use super::real::{self, HIP_ERROR_OUT_OF_MEMORY, HipError};
 use super::{guarded, reserve};
 use crate::account::{self, Kind, PTRS, meta};
-use crate::alloc::read;
-use crate::real::Handle;
+use crate::real::hip::{self as real, HIP_ERROR_OUT_OF_MEMORY, HipError};
+use crate::real::{Handle, read, real_or_3};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::Ordering::SeqCst;
-
-/// The real function, or hipErrorNotInitialized from the wrapper if HIP is not loaded.
-macro_rules! real_or_3 {
-    ($sym:expr) => {
-        match $sym.load() {
-            Some(f) => f,
-            None => return $crate::hip::real::HIP_ERROR_NOT_INITIALIZED,
-        }
-    };
-}
-pub(crate) use real_or_3;
 
 const ALIGN: u64 = 512;
 
@@ -43,7 +31,7 @@ fn linear(
         }
         let charge = match reserve(api, None, bytes) {
             Ok(c) => c,
-            Err(()) => return HIP_ERROR_OUT_OF_MEMORY,
+            Err(_) => return HIP_ERROR_OUT_OF_MEMORY,
         };
         let rc = call();
         if let Some(c) = charge {
@@ -137,7 +125,7 @@ pub unsafe extern "C" fn hipMallocPitch(
             .unwrap_or(u64::MAX);
         let mut charge = match reserve(api, None, guess) {
             Ok(c) => c,
-            Err(()) => return HIP_ERROR_OUT_OF_MEMORY,
+            Err(_) => return HIP_ERROR_OUT_OF_MEMORY,
         };
         let rc = call();
         let Some(c) = charge.as_mut() else {
@@ -151,7 +139,7 @@ pub unsafe extern "C" fn hipMallocPitch(
         let real_bytes = (read(pitch.cast_const()) as u64).saturating_mul(height as u64);
         if real_bytes > c.bytes {
             match reserve(api, Some(c.ord), real_bytes - c.bytes) {
-                Err(()) => {
+                Err(_) => {
                     if let Some(free) = real::HIP_FREE.get() {
                         // SAFETY: freeing the allocation the runtime just made for this call.
                         unsafe { free(p) };

@@ -20,8 +20,10 @@
 
 use super::enabled;
 use super::info::smi_answer;
-use super::real::{self, AMDSMI_MEM_TYPE_VRAM, AMDSMI_STATUS_INIT_ERROR, AmdsmiStatus, VramUsage};
 use crate::real::Handle;
+use crate::real::hip::{
+    self as real, AMDSMI_MEM_TYPE_VRAM, AMDSMI_STATUS_INIT_ERROR, AmdsmiStatus, VramUsage,
+};
 use std::ffi::{c_char, c_int, c_uint};
 
 /// Sockets and processors looked at, at most, when a handle's position is searched.

@@ -7,10 +7,10 @@
 
 #![allow(non_snake_case)]
 
-use super::alloc::real_or_3;
-use super::real::{self, HipError};
 use super::{alloc, amdsmi, enabled, info, vmm};
 use crate::real::Raw;
+use crate::real::hip::{self as real, HipError};
+use crate::real::real_or_3;
 use std::ffi::{c_char, c_int, c_void};
 
 crate::gpa::wrap_table! {

@@ -12,11 +12,13 @@
 
 #![allow(non_snake_case)]
 
-use super::alloc::real_or_3;
-use super::real::{self, HipError, RSMI_MEM_TYPE_VRAM, RSMI_STATUS_INIT_ERROR, RsmiStatus};
 use super::{current_ordinal, dev_index, enabled};
 use crate::account;
 use crate::ledger_file;
+use crate::real::hip::{
+    self as real, HipError, RSMI_MEM_TYPE_VRAM, RSMI_STATUS_INIT_ERROR, RsmiStatus,
+};
+use crate::real::real_or_3;
 use fgpu_common::ledger::{Ledger, MAX_DEVICES, NO_LIMIT};
 use std::ffi::c_int;
 

@@ -14,10 +14,10 @@
 
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
-use super::alloc::real_or_3;
-use super::real::{self, Dim3, HipError};
 use crate::gate::{self, Api, Kind};
 use crate::launch::{fast, launch_entry};
+use crate::real::hip::{self as real, Dim3, HipError};
+use crate::real::real_or_3;
 use crate::real::{Handle, Raw};
 use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};

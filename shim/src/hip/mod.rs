@@ -25,12 +25,13 @@ pub mod amdsmi;
 pub mod gpa;
 pub mod info;
 pub mod launch;
-pub mod real;
 pub mod vmm;
 
 use crate::account::{self, Charge};
 use crate::config::MAX_ORDINALS;
 use crate::ledger_file;
+use crate::real::hip as real;
+use fgpu_common::ledger::Denied;
 use fgpu_common::ledger::Ledger;
 use std::cell::Cell;
 use std::ffi::c_int;
@@ -56,7 +57,7 @@ pub fn off() -> bool {
 
 /// Whether HIP calls are accounted: the shim is active and `FGPU_HIP` is not `off`.
 pub fn enabled() -> bool {
-    !off() && crate::config::active()
+    !off() && crate::ledger_file::active()
 }
 
 /// Whether this thread is inside one of our HIP wrappers (a HIP call arriving now is the
@@ -84,6 +85,12 @@ pub fn guarded<R>(direct: impl FnOnce() -> R, accounted: impl FnOnce() -> R) -> 
     INSIDE.with(|i| i.set(false));
     r
 }
+
+/// What the gate needs of HIP (registered by lib.rs at load time).
+pub static GATE_API: crate::gate::GateApi = crate::gate::GateApi {
+    current_ordinal,
+    dev_index,
+};
 
 /// The calling thread's current HIP device.
 pub fn current_ordinal() -> Option<c_int> {
@@ -138,7 +145,7 @@ fn charge_context(idx: usize) {
 
 /// Reserves `bytes` on HIP device `ord` (None: the current device) for `api`.
 /// Ok(None): nothing to account; Err: denied (the caller returns hipErrorOutOfMemory).
-pub fn reserve(api: &str, ord: Option<c_int>, bytes: u64) -> Result<Option<Charge>, ()> {
+pub fn reserve(api: &str, ord: Option<c_int>, bytes: u64) -> Result<Option<Charge>, Denied> {
     let Some(ord) = ord.or_else(current_ordinal) else {
         return Ok(None);
     };

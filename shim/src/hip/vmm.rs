@@ -5,11 +5,11 @@
 
 #![allow(non_snake_case)]
 
-use super::alloc::real_or_3;
-use super::real::{self, ChannelFormatDesc, HIP_ERROR_OUT_OF_MEMORY, HipError};
 use super::{guarded, reserve};
 use crate::account::{self, ARRAYS, Kind, MAPS, VMM, idx_of, meta};
-use crate::alloc::read;
+use crate::real::hip::{self as real, ChannelFormatDesc, HIP_ERROR_OUT_OF_MEMORY, HipError};
+use crate::real::read;
+use crate::real::real_or_3;
 use crate::real::{AllocPropHead, CU_MEM_LOCATION_TYPE_DEVICE, Handle, MemHandle};
 use std::ffi::{c_uint, c_ulonglong, c_void};
 
@@ -40,7 +40,7 @@ pub unsafe extern "C" fn hipMemCreate(
         }
         let charge = match reserve("hipMemCreate", Some(p.location_id), size as u64) {
             Ok(c) => c,
-            Err(()) => return HIP_ERROR_OUT_OF_MEMORY,
+            Err(_) => return HIP_ERROR_OUT_OF_MEMORY,
         };
         let rc = call();
         if let Some(c) = charge {
@@ -157,7 +157,7 @@ pub unsafe extern "C" fn hipMallocArray(
         let bytes = array_bytes(&read(desc), width, height);
         let charge = match reserve("hipMallocArray", None, bytes) {
             Ok(c) => c,
-            Err(()) => return HIP_ERROR_OUT_OF_MEMORY,
+            Err(_) => return HIP_ERROR_OUT_OF_MEMORY,
         };
         let rc = call();
         if let Some(c) = charge {

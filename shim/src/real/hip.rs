@@ -3,7 +3,7 @@
 
 #![allow(clippy::type_complexity)]
 
-use crate::real::{AllocPropHead, Handle, Lib, MemHandle, Raw, Sym};
+use super::{AllocPropHead, Handle, Lib, MemHandle, Raw, Sym};
 use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 
 pub type HipError = c_int;
@@ -11,6 +11,8 @@ pub type RsmiStatus = c_int;
 pub type AmdsmiStatus = c_uint;
 pub const HIP_ERROR_OUT_OF_MEMORY: HipError = 2;
 pub const HIP_ERROR_NOT_INITIALIZED: HipError = 3;
+// crate::real::real_or_3! returns CUDA's value from the HIP wrappers too.
+const _: () = assert!(HIP_ERROR_NOT_INITIALIZED == super::CUDA_ERROR_NOT_INITIALIZED);
 pub const RSMI_STATUS_INIT_ERROR: RsmiStatus = 8;
 pub const RSMI_MEM_TYPE_VRAM: c_int = 0;
 pub const AMDSMI_STATUS_INIT_ERROR: AmdsmiStatus = 18;

@@ -7,6 +7,9 @@
 
 #![allow(clippy::type_complexity)]
 
+pub mod dl;
+pub mod hip;
+
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Acquire, Ordering::Release};
@@ -376,13 +379,9 @@ pub fn resolve(lib: Lib, load: bool) -> bool {
     if h == 0 {
         return false;
     }
-    for raw in ALL
-        .iter()
-        .chain(crate::hip::real::ALL)
-        .filter(|r| r.lib == lib)
-    {
+    for raw in ALL.iter().chain(hip::ALL).filter(|r| r.lib == lib) {
         if raw.loaded() == 0 {
-            let p = crate::dlsym::real_dlsym(h as *mut c_void, raw.name.as_ptr()) as usize;
+            let p = dl::real_dlsym(h as *mut c_void, raw.name.as_ptr()) as usize;
             if p != 0 {
                 raw.ptr.store(p, Release);
             }
@@ -390,7 +389,44 @@ pub fn resolve(lib: Lib, load: bool) -> bool {
     }
     RESOLVED[lib as usize].store(true, Release);
     if lib == Lib::Cuda {
-        crate::hook::install(&crate::launch::hook_entries());
+        let f = AFTER_CUDA.load(Acquire);
+        if f != 0 {
+            // SAFETY: only after_cuda_resolved stores here, and it stores a `fn()`.
+            let f = unsafe { std::mem::transmute::<usize, fn()>(f) };
+            f();
+        }
     }
     true
+}
+
+/// What runs after every resolution of CUDA's entry points (0: nothing yet): the launch
+/// hooks' installation (crate::hook), registered by lib.rs at load time.
+static AFTER_CUDA: AtomicUsize = AtomicUsize::new(0);
+
+/// Registers `f` to run after every resolution of CUDA's entry points; called once, by the
+/// library's constructor, before it resolves anything.
+pub fn after_cuda_resolved(f: fn()) {
+    AFTER_CUDA.store(f as usize, Release);
+}
+
+/// The function in `$sym` (a [`Sym`]), loading its library if needed; or returns 3 from the
+/// calling wrapper: `CUDA_ERROR_NOT_INITIALIZED`, and `hipErrorNotInitialized` alike (both
+/// 3, asserted in real::hip), for the CUDA and the HIP wrappers.
+macro_rules! real_or_3 {
+    ($sym:expr) => {
+        match $sym.load() {
+            Some(f) => f,
+            None => return $crate::real::CUDA_ERROR_NOT_INITIALIZED,
+        }
+    };
+}
+pub(crate) use real_or_3;
+
+/// Reads `*p` (NULL-safe): an out-parameter the driver wrote.
+pub fn read<T: Copy + Default>(p: *const T) -> T {
+    if p.is_null() {
+        return T::default();
+    }
+    // SAFETY: non-NULL pointer the driver just wrote through (driver API contract).
+    unsafe { p.read_unaligned() }
 }
