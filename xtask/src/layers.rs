@@ -19,6 +19,10 @@ use crate::util::{root, step};
 /// One crate's source folder and its layers, bottom first.
 pub struct Crate {
     pub src: &'static str,
+    /// How the crate's code names one of these modules by path: `crate::` for a crate's
+    /// top-level modules, `crate::agent::` for those of the agent's `agent/` folder. Siblings
+    /// reached with `super::` count too.
+    pub prefix: &'static str,
     pub layers: &'static [&'static [&'static str]],
     /// Modules of one layer that may use each other (an import loop, named in
     /// docs/architecture.md with the reason).
@@ -28,6 +32,7 @@ pub struct Crate {
 /// The shim (libfgpu.so), bottom first.
 pub const SHIM: Crate = Crate {
     src: "shim/src",
+    prefix: "crate::",
     layers: &[
         // Logging, the real entry points and the interposition table: use nothing of the
         // crate.
@@ -60,6 +65,49 @@ pub const SHIM: Crate = Crate {
     loops: &[&["agent_link", "ledger_file"]],
 };
 
+/// The agent's `agent/` folder (the node daemon), bottom first (docs/architecture.md, its
+/// module list).
+pub const AGENT: Crate = Crate {
+    src: "fgpu-agent/src/agent",
+    prefix: "crate::agent::",
+    layers: &[
+        // Facts of the node and the kernel, each on its own.
+        &[
+            "cgroups",
+            "containers",
+            "discovery",
+            "doors",
+            "enforcer",
+            "gpus",
+            "hostns",
+            "kernel",
+            "logging",
+            "ownpod",
+            "pins",
+            "preflight",
+            "request",
+            "scm",
+            "smi",
+        ],
+        &["bound", "gpusel", "limits", "pidfd", "probes", "targets"],
+        &["adopt", "backstop", "devmap", "peer", "shims", "watcher"],
+        // The ledgers and the compute controller that schedules them.
+        &["compute", "ledgers"],
+        // The record of every part.
+        &["state"],
+        &["budget", "events", "tenant", "unseen"],
+        &["enforce", "publisher", "report"],
+        // The one place that reacts to a limit change; the metrics listener.
+        &["apply", "metrics"],
+        &["control"],
+        &["server"],
+    ],
+    // docs/architecture.md, "The agent's import loop": ROCm SMI fills `gpus`' devices where
+    // NVML is missing; `ledgers` uses `compute`'s scheduler and teams, `compute`'s
+    // controller (compute/mod.rs) the ledgers: a loop of folders, not of files.
+    loops: &[&["gpus", "smi"], &["compute", "ledgers"]],
+};
+
 /// An import that runs up, or sideways outside a listed loop: `from` uses `to`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Violation {
@@ -88,7 +136,8 @@ pub fn check(root: &Path, krate: &Crate) -> Result<Vec<Violation>> {
     let mut macros: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut texts = Vec::new();
     for f in &files {
-        let Some(module) = top_module(&src, f) else {
+        let path = module_path(&src, f);
+        let Some(module) = path.first().cloned() else {
             continue;
         };
         let text = std::fs::read_to_string(f).with_context(|| format!("{}", f.display()))?;
@@ -96,7 +145,7 @@ pub fn check(root: &Path, krate: &Crate) -> Result<Vec<Violation>> {
             macros.entry(name).or_default().push(module.clone());
         }
         modules.insert(module.clone());
-        texts.push((f.clone(), module, text));
+        texts.push((f.clone(), module, path, text));
     }
     let missing: Vec<&String> = modules
         .iter()
@@ -125,10 +174,10 @@ pub fn check(root: &Path, krate: &Crate) -> Result<Vec<Violation>> {
         })
         .collect();
     let mut out = Vec::new();
-    for (file, module, text) in &texts {
+    for (file, module, path, text) in &texts {
         let from = layer_of[module.as_str()];
         let code = without_comments(text);
-        for (at, to, what) in uses(&code, &lowest) {
+        for (at, to, what) in uses(&code, &lowest, krate.prefix, path) {
             let own_macro = what.ends_with('!')
                 && macros
                     .get(what.trim_end_matches('!'))
@@ -158,7 +207,7 @@ pub fn check(root: &Path, krate: &Crate) -> Result<Vec<Violation>> {
 pub fn run() -> Result<()> {
     step("imports run one way (xtask/src/layers.rs)");
     let mut bad = 0;
-    for krate in [&SHIM] {
+    for krate in [&SHIM, &AGENT] {
         let v = check(&root(), krate)?;
         for x in &v {
             eprintln!(
@@ -208,16 +257,25 @@ fn rust_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// The top-level module a file belongs to (`gate/batch.rs` -> `gate`); none for the crate
-/// root (`lib.rs`, `main.rs`), which sits above every layer.
-fn top_module(src: &Path, file: &Path) -> Option<String> {
-    let rel = file.strip_prefix(src).ok()?;
-    let first = rel.components().next()?.as_os_str().to_str()?;
-    match first.strip_suffix(".rs") {
-        Some("lib" | "main") => None,
-        Some(m) => Some(m.to_string()),
-        None => Some(first.to_string()),
+/// The module path of a file under `src` (`gate/batch.rs` -> [gate, batch], `gate/mod.rs`
+/// -> [gate]); empty for the root (`lib.rs`, `main.rs`, `mod.rs`), which sits above every
+/// layer. Its first element is the top-level module the file belongs to.
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let Ok(rel) = file.strip_prefix(src) else {
+        return Vec::new();
+    };
+    let mut path: Vec<String> = rel
+        .components()
+        .filter_map(|c| c.as_os_str().to_str())
+        .map(|c| c.strip_suffix(".rs").unwrap_or(c).to_string())
+        .collect();
+    if path.last().is_some_and(|l| l == "mod") {
+        path.pop();
     }
+    if path.len() == 1 && matches!(path[0].as_str(), "lib" | "main") {
+        path.clear();
+    }
+    path
 }
 
 /// The macros a file defines with `macro_rules! NAME`.
@@ -242,35 +300,43 @@ fn without_comments(text: &str) -> String {
         .join("\n")
 }
 
-/// The modules `code` uses, each with its byte offset and what was seen: `crate::NAME` paths
-/// (also each item of a `use crate::{a::x, b}` group, over several lines and nested braces)
-/// and macros defined elsewhere (`NAME!`).
-fn uses(code: &str, macros: &BTreeMap<String, String>) -> Vec<(usize, String, String)> {
+/// The modules `code` (a file of module path `path`) uses, each with its byte offset and what
+/// was seen: paths `PREFIX NAME` (also each item of a `use PREFIX{a::x, b}` group, over several
+/// lines and nested braces), `super::` chains that climb to the folder's root (inline
+/// `mod NAME { .. }` blocks, tests among them, counted as levels), and macros defined
+/// elsewhere (`NAME!`).
+fn uses(
+    code: &str,
+    macros: &BTreeMap<String, String>,
+    prefix: &str,
+    path: &[String],
+) -> Vec<(usize, String, String)> {
     let mut out = Vec::new();
-    for (i, m) in code.match_indices("crate::") {
-        let rest = &code[i + m.len()..];
-        let Some(group) = rest.strip_prefix('{') else {
-            let name = ident(rest);
-            if !name.is_empty() {
-                out.push((i, name.clone(), format!("crate::{name}")));
-            }
-            continue;
-        };
-        // The group's items at depth 0: the first segment of each.
-        let (mut depth, mut item_start) = (0usize, true);
-        for (j, c) in group.char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' if depth == 0 => break,
-                '}' => depth -= 1,
-                ',' if depth == 0 => item_start = true,
-                c if item_start && (c.is_alphanumeric() || c == '_') => {
-                    item_start = false;
-                    let name = ident(&group[j..]);
-                    out.push((i, name.clone(), format!("crate::{name}")));
-                }
-                _ => {}
-            }
+    let named = |at: usize, rest: &str, shown: &str, out: &mut Vec<(usize, String, String)>| {
+        for name in first_segments(rest) {
+            out.push((at, name.clone(), format!("{shown}{name}")));
+        }
+    };
+    for (i, m) in code.match_indices(prefix) {
+        if code[..i].ends_with("::") {
+            continue; // `x::crate::..` is no path of ours
+        }
+        named(i, &code[i + m.len()..], prefix, &mut out);
+    }
+    let inline = inline_modules(code);
+    for (i, _) in code.match_indices("super::") {
+        if code[..i].ends_with("super::") {
+            continue; // inside a chain: counted from its start
+        }
+        let mut k = 0;
+        let mut rest = &code[i..];
+        while let Some(r) = rest.strip_prefix("super::") {
+            k += 1;
+            rest = r;
+        }
+        let depth = path.len() + inline.iter().filter(|(a, b)| *a < i && i < *b).count();
+        if k == depth {
+            named(i, rest, &"super::".repeat(k), &mut out);
         }
     }
     for (name, module) in macros {
@@ -281,6 +347,68 @@ fn uses(code: &str, macros: &BTreeMap<String, String>) -> Vec<(usize, String, St
                 && !code[..start].trim_end().ends_with("macro_rules!")
             {
                 out.push((start, module.clone(), call.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The first segment of a path (`x::y` -> x), or of each item of a `{a::x, b}` group at its
+/// top level.
+fn first_segments(rest: &str) -> Vec<String> {
+    let Some(group) = rest.strip_prefix('{') else {
+        let name = ident(rest);
+        return if name.is_empty() { vec![] } else { vec![name] };
+    };
+    let mut out = Vec::new();
+    let (mut depth, mut item_start) = (0usize, true);
+    for (j, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => break,
+            '}' => depth -= 1,
+            ',' if depth == 0 => item_start = true,
+            c if item_start && (c.is_alphanumeric() || c == '_') => {
+                item_start = false;
+                out.push(ident(&group[j..]));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The byte ranges of inline `mod NAME { .. }` blocks in `code` (braces counted; good for
+/// code whose string literals balance their braces, as format strings do).
+fn inline_modules(code: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (i, m) in code.match_indices("mod ") {
+        if code[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+        {
+            continue;
+        }
+        let rest = &code[i + m.len()..];
+        let name = ident(rest.trim_start());
+        let after = rest.trim_start()[name.len()..].trim_start();
+        if name.is_empty() || !after.starts_with('{') {
+            continue;
+        }
+        let open = code.len() - after.len();
+        let mut depth = 0usize;
+        for (j, c) in code[open..].char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        out.push((open, open + j));
+                        break;
+                    }
+                }
+                _ => {}
             }
         }
     }
@@ -299,6 +427,7 @@ mod tests {
 
     const TOY: Crate = Crate {
         src: "src",
+        prefix: "crate::",
         layers: &[&["low"], &["mid_a", "mid_b", "mid_c"], &["high"]],
         loops: &[&["mid_a", "mid_b"]],
     };
@@ -398,6 +527,44 @@ mod tests {
         let err = check(&dir, &TOY).unwrap_err().to_string();
         assert!(err.contains("\"mid_b\""), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn super_paths_count_where_they_climb_to_the_folder() {
+        const NESTED: Crate = Crate {
+            src: "src/agent",
+            prefix: "crate::agent::",
+            layers: &[&["low"], &["high"]],
+            loops: &[],
+        };
+        let dir = tree(&[
+            ("agent/mod.rs", "mod low; mod high;"),
+            // In a test block `super::` is the file's own module; two climb to the folder.
+            (
+                "agent/low.rs",
+                "fn f() {}\nmod tests {\n    use super::f;\n    use super::super::high;\n}",
+            ),
+            // In a nested file, `super::` is its folder's module (high itself).
+            ("agent/high/mod.rs", "mod part; use super::low;"),
+            (
+                "agent/high/part.rs",
+                "use super::helper; use crate::agent::low::f;",
+            ),
+        ]);
+        let v = check(&dir, &NESTED).unwrap();
+        let got: Vec<(usize, &str, &str)> = v
+            .iter()
+            .map(|x| (x.line, x.from.as_str(), x.what.as_str()))
+            .collect();
+        assert_eq!(got, vec![(4, "low", "super::super::high")]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_agent_keeps_its_layers() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let v = check(&root, &AGENT).unwrap();
+        assert!(v.is_empty(), "{v:#?}");
     }
 
     #[test]
