@@ -31,6 +31,10 @@ pub struct Limit {
     /// `normal` when none does).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_priority: Option<ComputePriority>,
+    /// Parkable after this long without GPU use, ms (`fgpu limit set --park-after`,
+    /// docs/parking.md); inherited from the nearest cgroup that sets it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub park_after_ms: Option<u64>,
 }
 
 /// A cgroup's compute priority class (`fgpu limit set --compute-priority`, docs/compute.md

@@ -3,6 +3,7 @@
 //! SIZE: `8GiB`, `512MiB`, `1.5GiB`, `8GB` (decimal), `4096` (bytes), `4K` (binary, like
 //! `ulimit`). Units are case-insensitive; a space between number and unit is allowed.
 //! PCT: `30%` or `30`, from 0 to 100.
+//! DURATION: `30s`, `500ms`, `2m`, `1h`, or a number of seconds (`30`).
 
 use std::fmt;
 
@@ -23,6 +24,8 @@ pub enum QuantityError {
     TooLarge(String),
     #[error("'{0}' is not a percentage: expected 0-100, e.g. 30% or 30")]
     NotAPercent(String),
+    #[error("'{0}' is not a duration: expected a whole number with ms, s, m or h, e.g. 30s or 500ms")]
+    NotADuration(String),
 }
 
 const UNITS: &[(&str, u64)] = &[
@@ -106,6 +109,27 @@ pub fn parse_percent(input: &str) -> Result<u8, QuantityError> {
 
 /// Displays bytes the way people read them: exact binary units when they divide evenly
 /// (`8GiB`, `512MiB`), otherwise one decimal (`1.5GiB`) or plain bytes below 1 KiB.
+/// DURATION → milliseconds: `500ms`, `30s`, `2m`, `1h`, or whole seconds (`30`).
+pub fn parse_duration_ms(input: &str) -> Result<u64, QuantityError> {
+    let t = input.trim();
+    if t.is_empty() {
+        return Err(QuantityError::Empty);
+    }
+    let bad = || QuantityError::NotADuration(input.to_string());
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let per = match unit.trim().to_ascii_lowercase().as_str() {
+        "ms" => 1,
+        "" | "s" => 1000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(per)
+        .ok_or_else(|| QuantityError::TooLarge(input.to_string()))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Size(pub u64);
 
@@ -184,6 +208,24 @@ mod tests {
             parse_percent("-5%"),
             Err(QuantityError::NotAPercent("-5%".into()))
         );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration_ms("30s"), Ok(30_000));
+        assert_eq!(parse_duration_ms("30"), Ok(30_000));
+        assert_eq!(parse_duration_ms("500ms"), Ok(500));
+        assert_eq!(parse_duration_ms("2m"), Ok(120_000));
+        assert_eq!(parse_duration_ms("1h"), Ok(3_600_000));
+        assert_eq!(parse_duration_ms(" 5 s "), Ok(5_000));
+        for bad in ["1.5s", "s", "-3s", "10 parsecs"] {
+            assert_eq!(
+                parse_duration_ms(bad),
+                Err(QuantityError::NotADuration(bad.into())),
+                "{bad}"
+            );
+        }
+        assert_eq!(parse_duration_ms(""), Err(QuantityError::Empty));
     }
 
     #[test]

@@ -23,7 +23,7 @@ fn linear(
     dptr: *mut CUdeviceptr,
     bytes: usize,
     kind: Kind,
-    call: impl FnOnce() -> CUresult,
+    call: impl Fn() -> CUresult,
 ) -> CUresult {
     if !ledger_file::active() || dptr.is_null() {
         return call();
@@ -32,7 +32,17 @@ fn linear(
         Ok(c) => c,
         Err(_) => return CUDA_ERROR_OUT_OF_MEMORY,
     };
-    let rc = call();
+    let mut rc = call();
+    // The device is full (not the limit): an idle parkable container may make room.
+    while rc == CUDA_ERROR_OUT_OF_MEMORY
+        && let Some(c) = charge
+        && crate::park::room::ask(c.idx, c.bytes)
+    {
+        rc = call();
+    }
+    if kind == Kind::Managed && rc == 0 {
+        crate::park::note_pin(fgpu_common::ledger::park::pin::MANAGED);
+    }
     if let Some(c) = charge {
         if rc == 0 {
             let p = read(dptr);
@@ -52,6 +62,10 @@ fn linear(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     let f = real_or_3!(real::CU_MEM_ALLOC);
+    let _door = crate::park::enter();
+    if let Some(rc) = crate::park::alloc(dptr, bytesize) {
+        return rc;
+    }
     // SAFETY: forwarding the caller's arguments unchanged.
     linear("cuMemAlloc_v2", dptr, bytesize, Kind::Device, || unsafe {
         f(dptr, bytesize)
@@ -130,6 +144,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         c.bytes = real_bytes;
     }
     account::track(&PTRS, p, c.bytes, meta(Kind::Device, c.idx, c.ord), 0);
+    crate::park::note_pin(fgpu_common::ledger::park::pin::PITCH);
     rc
 }
 
@@ -137,6 +152,10 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 fn free_ptr(p: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
     if !ledger_file::active() || p == 0 {
         return call();
+    }
+    let _door = crate::park::enter();
+    if let Some(rc) = crate::park::free(p) {
+        return rc;
     }
     let entry = PTRS.remove(p);
     let rc = call();

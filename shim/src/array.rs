@@ -68,6 +68,7 @@ fn create(api: &str, out: *mut Handle, bytes: u64, call: impl FnOnce() -> CUresu
         if rc == 0 {
             let h = read(out.cast_const()) as u64;
             account::track(&ARRAYS, h, c.bytes, meta(Kind::Array, c.idx, c.ord), 0);
+            crate::park::note_pin(fgpu_common::ledger::park::pin::ARRAY);
         } else {
             account::release(c.idx, c.bytes);
         }

@@ -59,7 +59,10 @@ extern "C" fn rtld_next_lookup(name: *const c_char) -> *mut c_void {
     if !crate::ledger_file::active() && !is_gpa(n) {
         return std::ptr::null_mut();
     }
-    match crate::gpa::wrapper_by_name(n).or_else(|| crate::hip::wrapper_by_name(n)) {
+    match crate::gpa::wrapper_by_name(n)
+        .or_else(|| crate::park::copies::wrapper_by_name(n))
+        .or_else(|| crate::hip::wrapper_by_name(n))
+    {
         Some((wrapper, raw)) if raw.addr() != 0 => wrapper as *mut c_void,
         _ => std::ptr::null_mut(),
     }
@@ -84,6 +87,7 @@ extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
         Some((w, r)) => (w, r, true),
         None => match crate::gpa::wrapper_by_name(n) {
             Some((w, r)) => (w, r, is_gpa(n)),
+            None if let Some((w, r)) = crate::park::copies::wrapper_by_name(n) => (w, r, false),
             None => match crate::hip::wrapper_by_name(n) {
                 Some((w, r)) => (w, r, false),
                 None => return p,

@@ -7,6 +7,7 @@ extern "C" fn child() {
     crate::account::reset_in_child();
     crate::context::reset_in_child();
     crate::gate::after_fork_child();
+    crate::park::after_fork_child();
 }
 
 /// Registers the handler (from the constructor).

@@ -38,6 +38,7 @@ mod ledger_file;
 mod log;
 mod meminfo;
 mod nvml;
+mod park;
 mod pool;
 mod real;
 mod table;
@@ -53,6 +54,7 @@ extern "C" fn init() {
     real::dl::ensure_real();
     real::after_cuda_resolved(install_launch_hooks);
     gate::on_publish(publish_fast_paths);
+    park::on_close_fast_paths(close_fast_paths);
     gate::register_hip(&hip::GATE_API);
     agent_link::register_gate(&GATE_HOOKS);
     account::register_hooks(&ACCOUNT_HOOKS);
@@ -72,6 +74,11 @@ fn install_launch_hooks() {
 fn publish_fast_paths(open: bool) {
     launch::publish(open);
     hip::launch::publish(open);
+}
+
+/// Closes the launch fast paths (a parkable process's launches pass parking's door).
+fn close_fast_paths() {
+    publish_fast_paths(false);
 }
 
 /// What the agent link tells the gate.

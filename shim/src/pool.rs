@@ -120,6 +120,7 @@ fn pool_alloc(
         return rc;
     }
     account::track(&PTRS, read(dptr), n, meta(Kind::Pool, idx, ord), key);
+    crate::park::note_pin(fgpu_common::ledger::park::pin::POOL);
     rc
 }
 

@@ -60,6 +60,7 @@ pub unsafe extern "C" fn cuMemCreate(
     let rc = call();
     if let Some(c) = charge {
         if rc == 0 {
+            crate::park::note_pin(fgpu_common::ledger::park::pin::VMM);
             account::track(
                 &VMM,
                 read(handle),

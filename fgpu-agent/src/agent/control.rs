@@ -304,7 +304,13 @@ fn keep_pod_name(store: &mut super::limits::LimitStore, cgroup: &str, pod: &PodN
 
 fn validate(state: &State, limit: &Limit) -> Result<()> {
     if *limit == Limit::default() {
-        bail!("nothing to set: give --memory, --compute or --compute-cap");
+        bail!("nothing to set: give --memory, --compute, --compute-cap or --park-after");
+    }
+    if limit.park_after_ms == Some(0) {
+        bail!(
+            "--park-after 0 would park a container the moment it pauses; give how long it must \
+             leave the GPU alone first, e.g. 30s"
+        );
     }
     if let Some(bytes) = limit.memory_bytes {
         if bytes == 0 {

@@ -136,6 +136,10 @@ impl CgroupLedger {
             );
         }
         self.apply_compute(limit);
+        l.park.park_after_ms.store(
+            limit.park_after_ms.unwrap_or(0),
+            std::sync::atomic::Ordering::SeqCst,
+        );
         // A gated device starts closed: the controller grants turns (docs/compute.md).
         for (d, t) in l.devices.iter().zip(&l.turns) {
             let (share, cap) = (

@@ -121,6 +121,7 @@ impl LimitStore {
             out.compute_pct = out.compute_pct.or(l.compute_pct);
             out.compute_cap_pct = out.compute_cap_pct.or(l.compute_cap_pct);
             out.compute_priority = out.compute_priority.or(l.compute_priority);
+            out.park_after_ms = out.park_after_ms.or(l.park_after_ms);
         }
         for uuid in chain.iter().flat_map(|l| l.memory_gpus.keys()) {
             if let Some(m) = chain.iter().filter_map(|l| l.memory_on(uuid)).min() {
@@ -150,6 +151,7 @@ impl LimitStore {
         entry.compute_pct = update.compute_pct.or(entry.compute_pct);
         entry.compute_cap_pct = update.compute_cap_pct.or(entry.compute_cap_pct);
         entry.compute_priority = update.compute_priority.or(entry.compute_priority);
+        entry.park_after_ms = update.park_after_ms.or(entry.park_after_ms);
         entry.memory_gpus.extend(update.memory_gpus.clone());
         entry.compute_gpus.extend(update.compute_gpus.clone());
         entry

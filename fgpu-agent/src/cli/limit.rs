@@ -72,6 +72,13 @@ enum LimitCommand {
         /// effect with a --compute share or --compute-cap (here or inherited).
         #[arg(long, value_name = "CLASS", value_parser = priority_arg())]
         compute_priority: Option<crate::api::ComputePriority>,
+        /// Make the cgroup parkable: once its processes have left the GPU alone this long
+        /// (no launch, copy or allocation), and another container needs the device memory,
+        /// the agent may move their device memory to host memory; their next launch brings
+        /// it back at the same addresses. Applies to memory allocated after it is set
+        /// (docs/parking.md). E.g. 30s, 2m, 500ms.
+        #[arg(long, value_name = "DURATION", value_parser = duration)]
+        park_after: Option<u64>,
     },
     /// Show the limits that apply to a cgroup (its own, or inherited from an ancestor).
     Get {
@@ -102,6 +109,21 @@ fn size(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
 
+/// `30s`, `2m`, `500ms`: the shortest exact way to write `ms`.
+fn show_ms(ms: u64) -> String {
+    match ms {
+        0 => "0s".into(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+fn duration(s: &str) -> Result<u64, String> {
+    fgpu_common::quantity::parse_duration_ms(s).map_err(|e| e.to_string())
+}
+
 fn pct(s: &str) -> Result<u8, String> {
     parse_percent(s).map_err(|e| e.to_string())
 }
@@ -130,19 +152,21 @@ pub fn run(args: &LimitArgs) -> Result<()> {
             compute,
             compute_cap,
             compute_priority,
+            park_after,
         } => {
             if memory.is_none()
                 && compute.is_none()
                 && compute_cap.is_none()
                 && compute_priority.is_none()
+                && park_after.is_none()
             {
                 anyhow::bail!(
-                    "nothing to set: give --memory, --compute, --compute-cap or --compute-priority"
+                    "nothing to set: give --memory, --compute, --compute-cap, --compute-priority or --park-after"
                 );
             }
-            if compute_priority.is_some() && !gpus.is_empty() {
+            if (compute_priority.is_some() || park_after.is_some()) && !gpus.is_empty() {
                 anyhow::bail!(
-                    "--compute-priority applies on every GPU: set it without --gpu (nothing was changed)"
+                    "--compute-priority and --park-after apply on every GPU: set them without --gpu (nothing was changed)"
                 );
             }
             // With --gpu every value given goes per GPU, as written; the agent resolves the
@@ -156,6 +180,7 @@ pub fn run(args: &LimitArgs) -> Result<()> {
                         compute_pct: *compute,
                         compute_cap_pct: *compute_cap,
                         compute_priority: *compute_priority,
+                        park_after_ms: *park_after,
                         ..Limit::default()
                     },
                     ..LimitSetRequest::default()
@@ -267,6 +292,10 @@ pub fn table(entries: &[LimitEntry]) -> String {
         if let Some(p) = e.effective.compute_priority {
             let sep = if note.is_empty() { "" } else { "; " };
             let _ = write!(note, "{sep}priority {}", p.as_str());
+        }
+        if let Some(ms) = e.effective.park_after_ms {
+            let sep = if note.is_empty() { "" } else { "; " };
+            let _ = write!(note, "{sep}parkable after {}", show_ms(ms));
         }
         let _ = writeln!(
             out,

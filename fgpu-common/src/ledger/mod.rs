@@ -9,7 +9,7 @@
 //! |---|---|---|
 //! | 0 | [`Limits`]: magic, version, sizes, per-device limits and compute turns (one page) | the creator / the agent; read-only to shims under an agent |
 //! | 4096 | [`Usage`]: per-device identity, used bytes, peak, denials, measured GPU time (one page) | every shim (atomics) |
-//! | 8192 | [`Slot`] × [`MAX_SLOTS`]: one per live process, its bytes and its compute state | its owner |
+//! | 8192 | [`Slot`] × [`MAX_SLOTS`]: one per live process, its bytes, its compute and parking state | its owner |
 //!
 //! Limits live in their own page so that the agent can map that page read-only into the
 //! container while usage stays writable for lock-free reservation. Everything the compute
@@ -32,6 +32,7 @@
 
 pub mod compute;
 pub mod memory;
+pub mod park;
 
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::SeqCst};
 
@@ -39,7 +40,7 @@ pub use memory::Denied;
 
 /// "fgpuldg1", little-endian.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"fgpuldg1");
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Devices per ledger (bound to device UUIDs on first use).
 pub const MAX_DEVICES: usize = 16;
 /// Processes per container at the same time.
@@ -97,6 +98,8 @@ pub struct Limits {
     pub generation: AtomicU64,
     pub devices: [DeviceLimit; MAX_DEVICES],
     pub turns: [DeviceTurn; MAX_DEVICES],
+    /// Parking: whether, and what the agent asks ([`park`]).
+    pub park: park::ParkControl,
 }
 
 /// One device's shared usage.
@@ -170,6 +173,8 @@ pub struct Slot {
     pub alloc_denied: AtomicU64,
     /// Compute state per device.
     pub compute: [SlotCompute; MAX_DEVICES],
+    /// Parking state ([`park`]).
+    pub park: park::SlotPark,
 }
 
 /// The whole ledger.
@@ -197,8 +202,8 @@ const _: () = {
     assert!(std::mem::size_of::<DeviceUsage>() == 64);
     assert!(std::mem::size_of::<DeviceCompute>() == 64);
     assert!(std::mem::size_of::<SlotCompute>() == 32);
-    assert!(std::mem::size_of::<Slot>() == 832);
-    assert!(LEDGER_SIZE == 2 * PAGE + 832 * MAX_SLOTS);
+    assert!(std::mem::size_of::<Slot>() == 1088);
+    assert!(LEDGER_SIZE == 2 * PAGE + 1088 * MAX_SLOTS);
     assert!(LEDGER_SIZE.is_multiple_of(PAGE));
 };
 
@@ -321,6 +326,7 @@ impl Ledger {
         for c in &self.slots[slot].compute {
             c.clear();
         }
+        self.slots[slot].park.clear();
         self.reclaim_bytes(slot)
     }
 }

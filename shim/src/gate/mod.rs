@@ -204,6 +204,7 @@ fn start_watcher() {
         .spawn(|| {
             loop {
                 check_generation();
+                crate::park::poll();
                 let w = budget::watch();
                 // While a turn of ours is closed and our work is still queued, settle it (and
                 // close batches left open by a thread blocked in a synchronisation —
@@ -252,11 +253,13 @@ fn scan_ledger() {
     {
         SEEN_GENERATION.store(l.limits.generation.load(Acquire), Relaxed);
         gated = (0..MAX_DEVICES).any(|i| budget::ledger_setting(l, i).0);
+        crate::park::refresh(l);
     }
     LEDGER_GATED.store(gated, Relaxed);
     let on = gated || ENV_PCT.load(Relaxed) != 0;
     STATE.store(if on { ON } else { OFF }, Relaxed);
-    publish(!on);
+    // A parkable process's launches pass parking's door, which only the gate's path has.
+    publish(!on && !crate::park::parkable());
 }
 
 /// Publishes the launch entry points' fast paths (crate::launch, crate::hip::launch): a
@@ -364,6 +367,7 @@ pub fn launch_on(
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    let _door = crate::park::enter();
     if !enabled() {
         return call();
     }

@@ -245,6 +245,103 @@ syms! {
     CU_THREAD_EXCHANGE_STREAM_CAPTURE_MODE Cuda c"cuThreadExchangeStreamCaptureMode":
         fn(*mut c_int) -> CUresult;
 
+    // Parking's helpers (crate::park), never wrapped.
+    CU_MEM_ADDRESS_RESERVE Cuda c"cuMemAddressReserve":
+        fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, c_ulonglong) -> CUresult;
+    CU_MEM_ADDRESS_FREE Cuda c"cuMemAddressFree": fn(CUdeviceptr, usize) -> CUresult;
+    CU_MEM_SET_ACCESS Cuda c"cuMemSetAccess":
+        fn(CUdeviceptr, usize, *const AccessDesc, usize) -> CUresult;
+    CU_MEM_GET_ALLOCATION_GRANULARITY Cuda c"cuMemGetAllocationGranularity":
+        fn(*mut usize, *const AllocProp, c_int) -> CUresult;
+    CU_MEM_HOST_ALLOC Cuda c"cuMemHostAlloc": fn(*mut *mut c_void, usize, c_uint) -> CUresult;
+    CU_MEM_FREE_HOST Cuda c"cuMemFreeHost": fn(*mut c_void) -> CUresult;
+    CU_CTX_SYNCHRONIZE Cuda c"cuCtxSynchronize": fn() -> CUresult;
+    CU_CTX_PUSH_CURRENT Cuda c"cuCtxPushCurrent_v2": fn(Handle) -> CUresult;
+    CU_CTX_POP_CURRENT Cuda c"cuCtxPopCurrent_v2": fn(*mut Handle) -> CUresult;
+    // Copies and sets: a parkable process's copies wait while it is parked (crate::park).
+    CU_MEMCPY Cuda c"cuMemcpy": fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult;
+    CU_MEMCPY_PTDS Cuda c"cuMemcpy_ptds": fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult;
+    CU_MEMCPY_ASYNC Cuda c"cuMemcpyAsync": fn(CUdeviceptr, CUdeviceptr, usize, Handle) -> CUresult;
+    CU_MEMCPY_ASYNC_PTSZ Cuda c"cuMemcpyAsync_ptsz":
+        fn(CUdeviceptr, CUdeviceptr, usize, Handle) -> CUresult;
+    CU_MEMCPY_HTOD Cuda c"cuMemcpyHtoD_v2": fn(CUdeviceptr, *const c_void, usize) -> CUresult;
+    CU_MEMCPY_HTOD_PTDS Cuda c"cuMemcpyHtoD_v2_ptds":
+        fn(CUdeviceptr, *const c_void, usize) -> CUresult;
+    CU_MEMCPY_HTOD_ASYNC Cuda c"cuMemcpyHtoDAsync_v2":
+        fn(CUdeviceptr, *const c_void, usize, Handle) -> CUresult;
+    CU_MEMCPY_HTOD_ASYNC_PTSZ Cuda c"cuMemcpyHtoDAsync_v2_ptsz":
+        fn(CUdeviceptr, *const c_void, usize, Handle) -> CUresult;
+    CU_MEMCPY_DTOH Cuda c"cuMemcpyDtoH_v2": fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
+    CU_MEMCPY_DTOH_PTDS Cuda c"cuMemcpyDtoH_v2_ptds":
+        fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
+    CU_MEMCPY_DTOH_ASYNC Cuda c"cuMemcpyDtoHAsync_v2":
+        fn(*mut c_void, CUdeviceptr, usize, Handle) -> CUresult;
+    CU_MEMCPY_DTOH_ASYNC_PTSZ Cuda c"cuMemcpyDtoHAsync_v2_ptsz":
+        fn(*mut c_void, CUdeviceptr, usize, Handle) -> CUresult;
+    CU_MEMCPY_DTOD Cuda c"cuMemcpyDtoD_v2": fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult;
+    CU_MEMCPY_DTOD_PTDS Cuda c"cuMemcpyDtoD_v2_ptds":
+        fn(CUdeviceptr, CUdeviceptr, usize) -> CUresult;
+    CU_MEMCPY_DTOD_ASYNC Cuda c"cuMemcpyDtoDAsync_v2":
+        fn(CUdeviceptr, CUdeviceptr, usize, Handle) -> CUresult;
+    CU_MEMCPY_DTOD_ASYNC_PTSZ Cuda c"cuMemcpyDtoDAsync_v2_ptsz":
+        fn(CUdeviceptr, CUdeviceptr, usize, Handle) -> CUresult;
+    CU_MEMCPY_2D Cuda c"cuMemcpy2D_v2": fn(*const c_void) -> CUresult;
+    CU_MEMCPY_2D_PTDS Cuda c"cuMemcpy2D_v2_ptds": fn(*const c_void) -> CUresult;
+    CU_MEMCPY_2D_UNALIGNED Cuda c"cuMemcpy2DUnaligned_v2": fn(*const c_void) -> CUresult;
+    CU_MEMCPY_2D_UNALIGNED_PTDS Cuda c"cuMemcpy2DUnaligned_v2_ptds": fn(*const c_void) -> CUresult;
+    CU_MEMCPY_2D_ASYNC Cuda c"cuMemcpy2DAsync_v2": fn(*const c_void, Handle) -> CUresult;
+    CU_MEMCPY_2D_ASYNC_PTSZ Cuda c"cuMemcpy2DAsync_v2_ptsz": fn(*const c_void, Handle) -> CUresult;
+    CU_MEMCPY_3D Cuda c"cuMemcpy3D_v2": fn(*const c_void) -> CUresult;
+    CU_MEMCPY_3D_PTDS Cuda c"cuMemcpy3D_v2_ptds": fn(*const c_void) -> CUresult;
+    CU_MEMCPY_3D_ASYNC Cuda c"cuMemcpy3DAsync_v2": fn(*const c_void, Handle) -> CUresult;
+    CU_MEMCPY_3D_ASYNC_PTSZ Cuda c"cuMemcpy3DAsync_v2_ptsz": fn(*const c_void, Handle) -> CUresult;
+    CU_MEMCPY_PEER Cuda c"cuMemcpyPeer":
+        fn(CUdeviceptr, Handle, CUdeviceptr, Handle, usize) -> CUresult;
+    CU_MEMCPY_PEER_PTDS Cuda c"cuMemcpyPeer_ptds":
+        fn(CUdeviceptr, Handle, CUdeviceptr, Handle, usize) -> CUresult;
+    CU_MEMCPY_PEER_ASYNC Cuda c"cuMemcpyPeerAsync":
+        fn(CUdeviceptr, Handle, CUdeviceptr, Handle, usize, Handle) -> CUresult;
+    CU_MEMCPY_PEER_ASYNC_PTSZ Cuda c"cuMemcpyPeerAsync_ptsz":
+        fn(CUdeviceptr, Handle, CUdeviceptr, Handle, usize, Handle) -> CUresult;
+    CU_MEMSET_D8 Cuda c"cuMemsetD8_v2": fn(CUdeviceptr, u8, usize) -> CUresult;
+    CU_MEMSET_D8_PTDS Cuda c"cuMemsetD8_v2_ptds": fn(CUdeviceptr, u8, usize) -> CUresult;
+    CU_MEMSET_D16 Cuda c"cuMemsetD16_v2": fn(CUdeviceptr, u16, usize) -> CUresult;
+    CU_MEMSET_D16_PTDS Cuda c"cuMemsetD16_v2_ptds": fn(CUdeviceptr, u16, usize) -> CUresult;
+    CU_MEMSET_D32 Cuda c"cuMemsetD32_v2": fn(CUdeviceptr, c_uint, usize) -> CUresult;
+    CU_MEMSET_D32_PTDS Cuda c"cuMemsetD32_v2_ptds": fn(CUdeviceptr, c_uint, usize) -> CUresult;
+    CU_MEMSET_D8_ASYNC Cuda c"cuMemsetD8Async": fn(CUdeviceptr, u8, usize, Handle) -> CUresult;
+    CU_MEMSET_D8_ASYNC_PTSZ Cuda c"cuMemsetD8Async_ptsz":
+        fn(CUdeviceptr, u8, usize, Handle) -> CUresult;
+    CU_MEMSET_D16_ASYNC Cuda c"cuMemsetD16Async": fn(CUdeviceptr, u16, usize, Handle) -> CUresult;
+    CU_MEMSET_D16_ASYNC_PTSZ Cuda c"cuMemsetD16Async_ptsz":
+        fn(CUdeviceptr, u16, usize, Handle) -> CUresult;
+    CU_MEMSET_D32_ASYNC Cuda c"cuMemsetD32Async":
+        fn(CUdeviceptr, c_uint, usize, Handle) -> CUresult;
+    CU_MEMSET_D32_ASYNC_PTSZ Cuda c"cuMemsetD32Async_ptsz":
+        fn(CUdeviceptr, c_uint, usize, Handle) -> CUresult;
+    CU_MEMSET_D2D8 Cuda c"cuMemsetD2D8_v2": fn(CUdeviceptr, usize, u8, usize, usize) -> CUresult;
+    CU_MEMSET_D2D8_PTDS Cuda c"cuMemsetD2D8_v2_ptds":
+        fn(CUdeviceptr, usize, u8, usize, usize) -> CUresult;
+    CU_MEMSET_D2D16 Cuda c"cuMemsetD2D16_v2": fn(CUdeviceptr, usize, u16, usize, usize) -> CUresult;
+    CU_MEMSET_D2D16_PTDS Cuda c"cuMemsetD2D16_v2_ptds":
+        fn(CUdeviceptr, usize, u16, usize, usize) -> CUresult;
+    CU_MEMSET_D2D32 Cuda c"cuMemsetD2D32_v2":
+        fn(CUdeviceptr, usize, c_uint, usize, usize) -> CUresult;
+    CU_MEMSET_D2D32_PTDS Cuda c"cuMemsetD2D32_v2_ptds":
+        fn(CUdeviceptr, usize, c_uint, usize, usize) -> CUresult;
+    CU_MEMSET_D2D8_ASYNC Cuda c"cuMemsetD2D8Async":
+        fn(CUdeviceptr, usize, u8, usize, usize, Handle) -> CUresult;
+    CU_MEMSET_D2D8_ASYNC_PTSZ Cuda c"cuMemsetD2D8Async_ptsz":
+        fn(CUdeviceptr, usize, u8, usize, usize, Handle) -> CUresult;
+    CU_MEMSET_D2D16_ASYNC Cuda c"cuMemsetD2D16Async":
+        fn(CUdeviceptr, usize, u16, usize, usize, Handle) -> CUresult;
+    CU_MEMSET_D2D16_ASYNC_PTSZ Cuda c"cuMemsetD2D16Async_ptsz":
+        fn(CUdeviceptr, usize, u16, usize, usize, Handle) -> CUresult;
+    CU_MEMSET_D2D32_ASYNC Cuda c"cuMemsetD2D32Async":
+        fn(CUdeviceptr, usize, c_uint, usize, usize, Handle) -> CUresult;
+    CU_MEMSET_D2D32_ASYNC_PTSZ Cuda c"cuMemsetD2D32Async_ptsz":
+        fn(CUdeviceptr, usize, c_uint, usize, usize, Handle) -> CUresult;
+
     NVML_DEVICE_GET_MEMORY_INFO Nvml c"nvmlDeviceGetMemoryInfo":
         fn(NvmlDevice, *mut NvmlMemory) -> NvmlReturn;
     NVML_DEVICE_GET_MEMORY_INFO_V2 Nvml c"nvmlDeviceGetMemoryInfo_v2":
@@ -267,6 +364,34 @@ pub struct AllocPropHead {
     pub location_type: c_int,
     pub location_id: c_int,
 }
+
+/// The whole `CUmemAllocationProp` (parking fills it in itself): the head, then
+/// `win32HandleMetaData` and `allocFlags` (compression, RDMA, usage, reserved), zeroed.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AllocProp {
+    pub head: AllocPropHead,
+    pub win32_meta: *mut c_void,
+    pub alloc_flags: [u8; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<AllocProp>() == 32);
+
+/// `CUmemAccessDesc`: a location (type, id) and the access flags.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AccessDesc {
+    pub location_type: c_int,
+    pub location_id: c_int,
+    pub flags: c_int,
+}
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+/// `CU_MEMHOSTALLOC_PORTABLE`.
+pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 1;
 
 /// Head of `CUlaunchConfig` (cuLaunchKernelEx): grid, block, shared memory, then the stream
 /// at offset 32.

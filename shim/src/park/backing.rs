@@ -1,0 +1,270 @@
+//! Device memory backed for parking: a parkable process's `cuMemAlloc_v2` made of a reserved
+//! virtual range with physical memory mapped into it (`cuMemAddressReserve`, `cuMemCreate`,
+//! `cuMemMap`, `cuMemSetAccess`), so that the physical memory can be given back while the
+//! program keeps its pointer, and mapped again at the same address later.
+//!
+//! The records are a `Mutex<Vec>`: only parkable processes' allocations and frees take it
+//! (each of which makes four driver calls anyway), and the park and unpark that walk them.
+
+use std::ffi::c_void;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use crate::real::{
+    self, AccessDesc, AllocProp, AllocPropHead, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CUdevice, CUdeviceptr, CUresult,
+    Handle, MemHandle,
+};
+
+/// Records at most (a process with more parkable allocations than this pins itself: the
+/// rest are made the ordinary way).
+pub const MAX_RECORDS: usize = 1 << 16;
+
+/// One allocation backed for parking.
+#[derive(Clone, Copy, Debug)]
+pub struct Rec {
+    /// The address the program holds (start of the reserved range).
+    pub va: CUdeviceptr,
+    /// Bytes reserved, mapped and charged (the request rounded up to the granularity).
+    pub size: u64,
+    /// The physical memory while resident (0 while parked).
+    pub handle: MemHandle,
+    pub ord: CUdevice,
+    /// The ledger's device record.
+    pub idx: usize,
+    /// The context it was made in (copies in and out run there).
+    pub ctx: Handle,
+    /// The host copy while parked (null while resident).
+    pub host: *mut c_void,
+}
+
+// SAFETY: the raw pointers are driver handles and a pinned host buffer owned by the record;
+// they are only used under RECORDS' lock or after being taken out of it.
+unsafe impl Send for Rec {}
+
+pub static RECORDS: Mutex<Vec<Rec>> = Mutex::new(Vec::new());
+
+/// Granularity per ordinal (0: not asked yet).
+static GRAN: [AtomicUsize; 64] = [const { AtomicUsize::new(0) }; 64];
+/// When the driver does not say (2 MiB is every current GPU's minimum).
+const DEFAULT_GRAN: usize = 2 << 20;
+
+fn prop(ord: CUdevice) -> AllocProp {
+    AllocProp {
+        head: AllocPropHead {
+            alloc_type: CU_MEM_ALLOCATION_TYPE_PINNED,
+            handle_types: 0,
+            location_type: CU_MEM_LOCATION_TYPE_DEVICE,
+            location_id: ord,
+        },
+        win32_meta: std::ptr::null_mut(),
+        alloc_flags: [0; 8],
+    }
+}
+
+/// The minimum granularity of physical memory on device `ord`.
+pub fn granularity(ord: CUdevice) -> usize {
+    let slot = GRAN.get(ord.max(0) as usize);
+    if let Some(g) = slot.map(|g| g.load(Relaxed)).filter(|&g| g != 0) {
+        return g;
+    }
+    let mut g = 0usize;
+    let p = prop(ord);
+    if let Some(f) = real::CU_MEM_GET_ALLOCATION_GRANULARITY.get() {
+        // SAFETY: valid out-pointer and a complete CUmemAllocationProp; option 0 = MINIMUM.
+        if unsafe { f(&mut g, &p, 0) } != 0 {
+            g = 0;
+        }
+    }
+    let g = if g == 0 || !g.is_power_of_two() {
+        DEFAULT_GRAN
+    } else {
+        g
+    };
+    if let Some(s) = slot {
+        s.store(g, Relaxed);
+    }
+    g
+}
+
+/// `bytes` rounded up to device `ord`'s granularity (None on overflow).
+pub fn rounded(ord: CUdevice, bytes: usize) -> Option<usize> {
+    let g = granularity(ord);
+    bytes.checked_add(g - 1).map(|b| b & !(g - 1))
+}
+
+/// A call that failed: which, and the driver's code.
+#[derive(Clone, Copy, Debug)]
+pub struct Failed {
+    pub call: &'static str,
+    pub rc: CUresult,
+}
+
+fn check(call: &'static str, rc: CUresult) -> Result<(), Failed> {
+    if rc == 0 { Ok(()) } else { Err(Failed { call, rc }) }
+}
+
+fn sym<F: Copy>(s: &real::Sym<F>, call: &'static str) -> Result<F, Failed> {
+    s.get().ok_or(Failed { call, rc: 3 })
+}
+
+/// New physical memory of `size` bytes on `ord`.
+pub fn create(ord: CUdevice, size: u64) -> Result<MemHandle, Failed> {
+    let f = sym(&real::CU_MEM_CREATE, "cuMemCreate")?;
+    let p = prop(ord);
+    let mut h: MemHandle = 0;
+    // SAFETY: valid out-pointer and a complete CUmemAllocationProp; flags 0.
+    check("cuMemCreate", unsafe {
+        f(&mut h, size as usize, &p.head, 0)
+    })?;
+    Ok(h)
+}
+
+/// Maps `h` at `va` and makes it readable and writable from `ord`; on failure nothing stays
+/// mapped (the handle is the caller's still).
+pub fn map(va: CUdeviceptr, size: u64, h: MemHandle, ord: CUdevice) -> Result<(), Failed> {
+    let m = sym(&real::CU_MEM_MAP, "cuMemMap")?;
+    let a = sym(&real::CU_MEM_SET_ACCESS, "cuMemSetAccess")?;
+    // SAFETY: a range we reserved and physical memory of the same size.
+    check("cuMemMap", unsafe { m(va, size as usize, 0, h, 0) })?;
+    let desc = AccessDesc {
+        location_type: CU_MEM_LOCATION_TYPE_DEVICE,
+        location_id: ord,
+        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: the range just mapped; one descriptor.
+    if let Err(e) = check("cuMemSetAccess", unsafe { a(va, size as usize, &desc, 1) }) {
+        unmap(va, size);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Unmaps `va`; failures are logged (nothing else can be done).
+pub fn unmap(va: CUdeviceptr, size: u64) {
+    if let Some(f) = real::CU_MEM_UNMAP.get() {
+        // SAFETY: a range we mapped.
+        let rc = unsafe { f(va, size as usize) };
+        if rc != 0 {
+            crate::log::warning!("parking: cuMemUnmap({va:#x}) failed: {rc}");
+        }
+    }
+}
+
+/// Releases physical memory; failures are logged.
+pub fn release(h: MemHandle) {
+    if let Some(f) = real::CU_MEM_RELEASE.get() {
+        // SAFETY: a handle we created and no longer map.
+        let rc = unsafe { f(h) };
+        if rc != 0 {
+            crate::log::warning!("parking: cuMemRelease failed: {rc}");
+        }
+    }
+}
+
+/// Reserves a virtual range of `size` bytes aligned to the granularity of `ord`.
+pub fn reserve_range(ord: CUdevice, size: u64) -> Result<CUdeviceptr, Failed> {
+    let f = sym(&real::CU_MEM_ADDRESS_RESERVE, "cuMemAddressReserve")?;
+    let mut va: CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; alignment the granularity, no fixed address, no flags.
+    check("cuMemAddressReserve", unsafe {
+        f(&mut va, size as usize, granularity(ord), 0, 0)
+    })?;
+    Ok(va)
+}
+
+/// Gives a reserved range back.
+pub fn free_range(va: CUdeviceptr, size: u64) {
+    if let Some(f) = real::CU_MEM_ADDRESS_FREE.get() {
+        // SAFETY: a range we reserved and no longer map.
+        let rc = unsafe { f(va, size as usize) };
+        if rc != 0 {
+            crate::log::warning!("parking: cuMemAddressFree({va:#x}) failed: {rc}");
+        }
+    }
+}
+
+/// Pinned, portable host memory of `size` bytes (null if none could be had).
+pub fn host_alloc(size: u64) -> *mut c_void {
+    let Some(f) = real::CU_MEM_HOST_ALLOC.get() else {
+        return std::ptr::null_mut();
+    };
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    let rc = unsafe { f(&mut p, size as usize, real::CU_MEMHOSTALLOC_PORTABLE) };
+    if rc != 0 { std::ptr::null_mut() } else { p }
+}
+
+/// Frees what [`host_alloc`] gave.
+pub fn host_free(p: *mut c_void) {
+    if p.is_null() {
+        return;
+    }
+    if let Some(f) = real::CU_MEM_FREE_HOST.get() {
+        // SAFETY: a buffer from cuMemHostAlloc, freed once.
+        unsafe { f(p) };
+    }
+}
+
+/// Chunks copies are cut into (so that one copy never needs more than this in flight).
+const COPY_CHUNK: u64 = 256 << 20;
+
+/// Device → host, in the calling thread's current context.
+pub fn copy_out(host: *mut c_void, va: CUdeviceptr, size: u64) -> Result<(), Failed> {
+    let f = sym(&real::CU_MEMCPY_DTOH, "cuMemcpyDtoH_v2")?;
+    let mut off = 0;
+    while off < size {
+        let n = COPY_CHUNK.min(size - off);
+        // SAFETY: `host` holds `size` bytes; the device range is ours and mapped.
+        check("cuMemcpyDtoH_v2", unsafe {
+            f(host.cast::<u8>().add(off as usize).cast(), va + off, n as usize)
+        })?;
+        off += n;
+    }
+    Ok(())
+}
+
+/// Host → device, in the calling thread's current context.
+pub fn copy_in(va: CUdeviceptr, host: *const c_void, size: u64) -> Result<(), Failed> {
+    let f = sym(&real::CU_MEMCPY_HTOD, "cuMemcpyHtoD_v2")?;
+    let mut off = 0;
+    while off < size {
+        let n = COPY_CHUNK.min(size - off);
+        // SAFETY: `host` holds `size` bytes; the device range is ours and mapped again.
+        check("cuMemcpyHtoD_v2", unsafe {
+            f(va + off, host.cast::<u8>().add(off as usize).cast(), n as usize)
+        })?;
+        off += n;
+    }
+    Ok(())
+}
+
+/// Runs `f` with `ctx` current on this thread, restoring what was current.
+pub fn in_ctx<T>(ctx: Handle, f: impl FnOnce() -> T) -> Result<T, Failed> {
+    let push = sym(&real::CU_CTX_PUSH_CURRENT, "cuCtxPushCurrent_v2")?;
+    let pop = sym(&real::CU_CTX_POP_CURRENT, "cuCtxPopCurrent_v2")?;
+    // SAFETY: a context the program made current itself when it allocated.
+    check("cuCtxPushCurrent_v2", unsafe { push(ctx) })?;
+    let out = f();
+    let mut was: Handle = std::ptr::null_mut();
+    // SAFETY: pops what we pushed.
+    unsafe { pop(&mut was) };
+    Ok(out)
+}
+
+/// The calling thread's current context (null if none).
+pub fn current_ctx() -> Handle {
+    let mut c: Handle = std::ptr::null_mut();
+    if let Some(f) = real::CU_CTX_GET_CURRENT.get() {
+        // SAFETY: valid out-pointer.
+        unsafe { f(&mut c) };
+    }
+    c
+}
+
+/// Waits for all work of the current context.
+pub fn sync() -> Result<(), Failed> {
+    let f = sym(&real::CU_CTX_SYNCHRONIZE, "cuCtxSynchronize")?;
+    // SAFETY: no arguments.
+    check("cuCtxSynchronize", unsafe { f() })
+}

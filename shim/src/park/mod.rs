@@ -1,0 +1,456 @@
+//! Parking (docs/parking.md): under an agent, a parkable container's device memory is backed
+//! so that it can be moved to host memory while the program is idle and brought back, at the
+//! same addresses, before its next launch, copy or allocation.
+//!
+//! - [`backing`]: `cuMemAlloc_v2` made of a reserved range with physical memory mapped into
+//!   it; the records of what this process has backed; the driver calls park and unpark make.
+//! - [`room`]: asking the agent to park someone else when the driver is out of memory.
+//! - [`copies`]: the copy and set entry points, which wait while the process is parked.
+//! - here: the door every launch, copy, allocation and free passes while the container is
+//!   parkable (a count of calls inside, and a wait while parked), park (the watcher thread,
+//!   when the agent asks) and unpark (the first call through the door after a park).
+//!
+//! Costs: a process that is not parkable pays one relaxed load per door. A parkable one pays
+//! two atomic adds and a coarse clock read per launch and copy, and its launches take the
+//! gate's path instead of the fast path (docs/parking.md, "Costs").
+
+pub mod backing;
+pub mod copies;
+pub mod room;
+
+use std::sync::Mutex;
+use std::sync::atomic::{
+    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed,
+    Ordering::Release, Ordering::SeqCst,
+};
+
+use fgpu_common::ledger::Ledger;
+use fgpu_common::ledger::park::{
+    PARK_BUSY, PARK_DRIVER_ERROR, PARK_NO_HOST_MEMORY, PARK_NOTHING, PARK_OK, PARK_PINNED, PARKED,
+    PARKING, RESIDENT, UNPARKING, pin,
+};
+
+use crate::account;
+use crate::ledger_file;
+use crate::log::{info, warning};
+use crate::real::{CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult};
+use backing::{RECORDS, Rec};
+
+/// Whether this process's calls pass the door: its container is parkable, or it is not
+/// resident (a container made unparkable while parked still unparks at its next call).
+static PARKABLE: AtomicBool = AtomicBool::new(false);
+/// Calls inside the door.
+static INFLIGHT: AtomicU64 = AtomicU64::new(0);
+/// [`RESIDENT`], [`PARKING`], [`PARKED`], [`UNPARKING`].
+static PHASE: AtomicU32 = AtomicU32::new(RESIDENT);
+/// Serialises park and unpark.
+static LOCK: Mutex<()> = Mutex::new(());
+/// Why this process's memory cannot be parked, as seen at its allocations ([`pin`]).
+static PINS: AtomicU32 = AtomicU32::new(0);
+/// Records in [`RECORDS`] (read without the lock).
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+/// Host copies an unpark left for the watcher to free.
+static TO_FREE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// Closes the launch entry points' fast paths (registered by lib.rs), so that launches pass
+/// the door.
+static CLOSE_FAST_PATHS: AtomicUsize = AtomicUsize::new(0);
+
+/// Registers what closes the launch fast paths; once, by the library's constructor.
+pub fn on_close_fast_paths(f: fn()) {
+    CLOSE_FAST_PATHS.store(f as usize, Release);
+}
+
+fn close_fast_paths() {
+    let f = CLOSE_FAST_PATHS.load(Acquire);
+    if f != 0 {
+        // SAFETY: only on_close_fast_paths stores here, and it stores a `fn()`.
+        let f = unsafe { std::mem::transmute::<usize, fn()>(f) };
+        f();
+    }
+}
+
+/// Whether launches must pass the door (the gate then keeps the fast paths closed).
+pub fn parkable() -> bool {
+    PARKABLE.load(Relaxed)
+}
+
+/// Reads whether the container is parkable (the ledger's limits changed, or were read for
+/// the first time).
+pub fn refresh(l: &Ledger) {
+    let on = l.park_after_ms().is_some() || PHASE.load(SeqCst) != RESIDENT;
+    if on && !PARKABLE.swap(true, SeqCst) {
+        info!("this container is parkable: new device memory is backed for parking");
+        close_fast_paths();
+    } else if !on {
+        PARKABLE.store(false, SeqCst);
+    }
+}
+
+/// Records a reason this process cannot be parked (an allocation of a kind that cannot
+/// move), while its container is parkable.
+pub fn note_pin(bit: u32) {
+    if PARKABLE.load(Relaxed) {
+        PINS.fetch_or(bit, Relaxed);
+    }
+}
+
+/// A call inside the door; leaving drops it.
+pub struct Door(bool);
+
+impl Drop for Door {
+    fn drop(&mut self) {
+        if self.0 {
+            INFLIGHT.fetch_sub(1, SeqCst);
+        }
+    }
+}
+
+/// Passes the door: while the process is parked (or being parked), brings its memory back
+/// first. Every launch, copy, set, allocation and free of a parkable process holds a door
+/// until the driver call returned.
+pub fn enter() -> Door {
+    if !PARKABLE.load(Relaxed) {
+        return Door(false);
+    }
+    loop {
+        INFLIGHT.fetch_add(1, SeqCst);
+        if PHASE.load(SeqCst) == RESIDENT {
+            touch();
+            return Door(true);
+        }
+        INFLIGHT.fetch_sub(1, SeqCst);
+        let t0 = fgpu_common::clock::mono_ns();
+        unpark();
+        if let Some((l, slot)) = ledger_file::get() {
+            let waited = fgpu_common::clock::mono_ns().saturating_sub(t0);
+            l.slot_park(slot).wait_ns.fetch_add(waited, Relaxed);
+        }
+    }
+}
+
+/// Stamps this process's latest use of the GPU.
+fn touch() {
+    if let Some((l, slot)) = ledger_file::get() {
+        let now = ledger_file::now_ms();
+        let a = &l.slot_park(slot).last_active_ms;
+        if a.load(Relaxed) != now {
+            a.store(now, Relaxed);
+        }
+    }
+}
+
+/// `cuMemAlloc_v2` for a parkable process (the caller holds a door): Some(the result) if the
+/// allocation was backed for parking (or refused), None if it is made the ordinary way.
+pub fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> Option<CUresult> {
+    if dptr.is_null() || bytes == 0 {
+        return None;
+    }
+    let (l, _) = ledger_file::get()?;
+    l.park_after_ms()?;
+    if !PARKABLE.load(Relaxed) {
+        refresh(l);
+    }
+    if COUNT.load(Relaxed) >= backing::MAX_RECORDS {
+        PINS.fetch_or(pin::FULL, Relaxed);
+        return None;
+    }
+    let ord = account::current_ordinal()?;
+    let size = backing::rounded(ord, bytes)? as u64;
+    let charge = match account::reserve("cuMemAlloc_v2", Some(ord), size) {
+        Ok(Some(c)) => c,
+        Ok(None) => return None,
+        Err(_) => return Some(CUDA_ERROR_OUT_OF_MEMORY),
+    };
+    let fail = |rc: CUresult| {
+        account::release(charge.idx, charge.bytes);
+        Some(rc)
+    };
+    let va = match backing::reserve_range(ord, size) {
+        Ok(va) => va,
+        Err(e) => return fail(e.rc),
+    };
+    let h = loop {
+        match backing::create(ord, size) {
+            Ok(h) => break h,
+            Err(e) if e.rc == CUDA_ERROR_OUT_OF_MEMORY && room::ask(charge.idx, size) => continue,
+            Err(e) => {
+                backing::free_range(va, size);
+                return fail(e.rc);
+            }
+        }
+    };
+    if let Err(e) = backing::map(va, size, h, ord) {
+        backing::release(h);
+        backing::free_range(va, size);
+        return fail(e.rc);
+    }
+    let rec = Rec {
+        va,
+        size,
+        handle: h,
+        ord,
+        idx: charge.idx,
+        ctx: backing::current_ctx(),
+        host: std::ptr::null_mut(),
+    };
+    RECORDS.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
+    COUNT.fetch_add(1, Relaxed);
+    // SAFETY: the caller's out-pointer (checked non-null).
+    unsafe { dptr.write_unaligned(va) };
+    Some(0)
+}
+
+/// `cuMemFree_v2` of an allocation backed for parking (the caller holds a door, so it is
+/// resident): Some(the result), or None if `ptr` is not one of ours.
+pub fn free(ptr: CUdeviceptr) -> Option<CUresult> {
+    if COUNT.load(Relaxed) == 0 {
+        return None;
+    }
+    let rec = {
+        let mut recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+        let i = recs.iter().position(|r| r.va == ptr)?;
+        COUNT.fetch_sub(1, Relaxed);
+        recs.swap_remove(i)
+    };
+    // cuMemFree waits for the work that may still use the memory; so do we.
+    let _ = backing::in_ctx(rec.ctx, backing::sync);
+    if rec.handle != 0 {
+        backing::unmap(rec.va, rec.size);
+        backing::release(rec.handle);
+        account::release(rec.idx, rec.size);
+    }
+    backing::host_free(rec.host);
+    backing::free_range(rec.va, rec.size);
+    Some(0)
+}
+
+/// The watcher thread's look (crate::gate): answers a new park request of the agent, frees
+/// host copies an unpark left behind.
+pub fn poll() {
+    let freed: Vec<usize> = std::mem::take(&mut *TO_FREE.lock().unwrap_or_else(|e| e.into_inner()));
+    for p in freed {
+        backing::host_free(p as *mut std::ffi::c_void);
+    }
+    let Some((l, slot)) = ledger_file::get() else {
+        return;
+    };
+    if !PARKABLE.load(Relaxed) {
+        if l.park_after_ms().is_none() {
+            return;
+        }
+        refresh(l);
+    }
+    let cmd = l.park().command.load(SeqCst);
+    let sp = l.slot_park(slot);
+    if cmd == 0 || cmd <= sp.done.load(SeqCst) {
+        return;
+    }
+    let r = park(l, slot);
+    sp.result.store(r, SeqCst);
+    sp.done.store(cmd, SeqCst);
+}
+
+/// Bytes of this process that no parkable record explains, per ledger device: memory that
+/// cannot move (context overhead aside).
+fn unexplained(l: &Ledger, slot: usize, recs: &[Rec]) -> u64 {
+    let s = &l.slots[slot];
+    let mut out = 0;
+    for idx in 0..fgpu_common::ledger::MAX_DEVICES {
+        let used = s.used[idx].load(SeqCst);
+        let overhead = s.overhead[idx].load(SeqCst);
+        let backed: u64 = recs.iter().filter(|r| r.idx == idx).map(|r| r.size).sum();
+        out += used.saturating_sub(overhead).saturating_sub(backed);
+    }
+    out
+}
+
+/// Parks this process: returns a [`fgpu_common::ledger::park`] result.
+fn park(l: &Ledger, slot: usize) -> u32 {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let sp = l.slot_park(slot);
+    if PHASE.load(SeqCst) != RESIDENT {
+        return PARK_OK;
+    }
+    let after = l.park_after_ms().unwrap_or(0);
+    let idle = ledger_file::now_ms().saturating_sub(sp.last_active_ms.load(SeqCst));
+    if idle < after {
+        return PARK_BUSY;
+    }
+    {
+        let recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+        if recs.is_empty() {
+            return PARK_NOTHING;
+        }
+        if unexplained(l, slot, &recs) > 0 {
+            let bits = match PINS.load(Relaxed) {
+                0 => pin::EARLY,
+                b => b,
+            };
+            sp.pinned.store(bits, SeqCst);
+            return PARK_PINNED;
+        }
+    }
+    sp.pinned.store(0, SeqCst);
+    let t0 = fgpu_common::clock::mono_ns();
+    PHASE.store(PARKING, SeqCst);
+    sp.phase.store(PARKING, SeqCst);
+    let give_up = |r: u32| {
+        PHASE.store(RESIDENT, SeqCst);
+        sp.phase.store(RESIDENT, SeqCst);
+        r
+    };
+    // Calls that passed the door before it closed finish first.
+    let deadline = ledger_file::now_ms() + 2000;
+    while INFLIGHT.load(SeqCst) > 0 {
+        if ledger_file::now_ms() > deadline {
+            return give_up(PARK_BUSY);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let mut recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut ctxs: Vec<usize> = recs.iter().map(|r| r.ctx as usize).collect();
+    ctxs.sort_unstable();
+    ctxs.dedup();
+    for c in ctxs {
+        if let Err(e) =
+            backing::in_ctx(c as crate::real::Handle, backing::sync).and_then(|r| r)
+        {
+            warning!("parking: {} failed ({}); not parked", e.call, e.rc);
+            return give_up(PARK_DRIVER_ERROR);
+        }
+    }
+    // Copy everything out first; only then give physical memory back, so that a failure
+    // leaves the process as it was.
+    let mut hosts: Vec<*mut std::ffi::c_void> = Vec::with_capacity(recs.len());
+    let undo = |hosts: &[*mut std::ffi::c_void]| hosts.iter().for_each(|&h| backing::host_free(h));
+    for r in recs.iter() {
+        let h = backing::host_alloc(r.size);
+        if h.is_null() {
+            warning!(
+                "parking: no pinned host memory for {} bytes (the container's memory cgroup?); not parked",
+                r.size
+            );
+            undo(&hosts);
+            return give_up(PARK_NO_HOST_MEMORY);
+        }
+        hosts.push(h);
+        if let Err(e) = backing::in_ctx(r.ctx, || backing::copy_out(h, r.va, r.size))
+            .and_then(|r| r)
+        {
+            warning!("parking: {} failed ({}); not parked", e.call, e.rc);
+            undo(&hosts);
+            return give_up(PARK_DRIVER_ERROR);
+        }
+    }
+    let mut total = 0u64;
+    for (r, h) in recs.iter_mut().zip(hosts) {
+        backing::unmap(r.va, r.size);
+        backing::release(r.handle);
+        account::release(r.idx, r.size);
+        sp.parked[r.idx].fetch_add(r.size, SeqCst);
+        r.handle = 0;
+        r.host = h;
+        total += r.size;
+    }
+    drop(recs);
+    PHASE.store(PARKED, SeqCst);
+    sp.phase.store(PARKED, SeqCst);
+    let ns = fgpu_common::clock::mono_ns().saturating_sub(t0);
+    sp.last_park_ns.store(ns, SeqCst);
+    sp.parks.fetch_add(1, SeqCst);
+    info!(
+        "parked {} in host memory in {} ms",
+        fgpu_common::quantity::Size(total),
+        ns / 1_000_000
+    );
+    PARK_OK
+}
+
+/// How often a stuck unpark says so.
+const STUCK_LOG_MS: u64 = 10_000;
+
+/// Brings this process's memory back (any thread; the others wait on the lock).
+fn unpark() {
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if PHASE.load(SeqCst) != PARKED {
+        return;
+    }
+    let Some((l, slot)) = ledger_file::get() else {
+        return;
+    };
+    let sp = l.slot_park(slot);
+    let t0 = fgpu_common::clock::mono_ns();
+    PHASE.store(UNPARKING, SeqCst);
+    sp.phase.store(UNPARKING, SeqCst);
+    let mut recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut total = 0u64;
+    let mut said = ledger_file::now_ms();
+    let mut stuck = |what: &dyn std::fmt::Display| {
+        let now = ledger_file::now_ms();
+        if now.saturating_sub(said) >= STUCK_LOG_MS {
+            warning!("unparking waits: {what}");
+            said = now;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    for r in recs.iter_mut().filter(|r| r.handle == 0) {
+        // The limit still applies: charge first (a limit lowered meanwhile makes this wait).
+        while let Err(d) = account::reserve_at("unpark", (l, slot), r.ord, r.idx, r.size, |_| {}) {
+            stuck(&format_args!(
+                "{} bytes over the limit ({} in use, limit {})",
+                r.size, d.used, d.limit
+            ));
+        }
+        let h = loop {
+            match backing::create(r.ord, r.size) {
+                Ok(h) => break h,
+                Err(e) if e.rc == CUDA_ERROR_OUT_OF_MEMORY => {
+                    if !room::ask(r.idx, r.size) {
+                        stuck(&format_args!("the device has no room for {} bytes", r.size));
+                    }
+                }
+                Err(e) => stuck(&format_args!("{} failed ({})", e.call, e.rc)),
+            }
+        };
+        while let Err(e) = backing::map(r.va, r.size, h, r.ord) {
+            stuck(&format_args!("{} failed ({})", e.call, e.rc));
+        }
+        while let Err(e) =
+            backing::in_ctx(r.ctx, || backing::copy_in(r.va, r.host, r.size)).and_then(|r| r)
+        {
+            stuck(&format_args!("{} failed ({})", e.call, e.rc));
+        }
+        sp.parked[r.idx].fetch_sub(r.size.min(sp.parked[r.idx].load(SeqCst)), SeqCst);
+        TO_FREE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(r.host as usize);
+        r.host = std::ptr::null_mut();
+        r.handle = h;
+        total += r.size;
+    }
+    drop(recs);
+    PHASE.store(RESIDENT, SeqCst);
+    sp.phase.store(RESIDENT, SeqCst);
+    let ns = fgpu_common::clock::mono_ns().saturating_sub(t0);
+    sp.last_unpark_ns.store(ns, SeqCst);
+    sp.unparks.fetch_add(1, SeqCst);
+    touch();
+    info!(
+        "unparked {} in {} ms",
+        fgpu_common::quantity::Size(total),
+        ns / 1_000_000
+    );
+    refresh(l);
+}
+
+/// In a fork child: no device memory is inherited.
+pub fn after_fork_child() {
+    // The child's records are the parent's addresses; drop them without touching the driver.
+    if let Ok(mut r) = RECORDS.try_lock() {
+        r.clear();
+    }
+    COUNT.store(0, Relaxed);
+    PHASE.store(RESIDENT, Relaxed);
+    INFLIGHT.store(0, Relaxed);
+}

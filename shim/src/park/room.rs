@@ -1,0 +1,51 @@
+//! Asking the agent for room: an allocation or an unpark the driver refused for want of
+//! device memory asks the agent to park an idle parkable container on that device, and
+//! retries once it has (docs/parking.md, "Room").
+//!
+//! The request is this process's slot (`need_*`); the answer is the ledger's page 0
+//! (`room_for`, `room_verdict`), which only the agent writes. No agent, no answer within
+//! [`ANSWER_MS`], or "none": the caller fails the way it would have without parking.
+
+use fgpu_common::ledger::park::{ROOM_COMING, ROOM_DONE, ROOM_NONE};
+
+use crate::ledger_file;
+
+/// How long the agent has to take up a request (it looks every 50 ms).
+const ANSWER_MS: u64 = 400;
+/// How long a park the agent started may take before the caller gives up.
+const COMING_MS: u64 = 120_000;
+
+/// Asks for `bytes` of room on ledger device `idx`; true once another container was parked
+/// (retry), false if none will be.
+pub fn ask(idx: usize, bytes: u64) -> bool {
+    if !ledger_file::current().2 {
+        return false; // no agent
+    }
+    let Some((l, slot)) = ledger_file::get() else {
+        return false;
+    };
+    let sp = l.slot_park(slot);
+    let tag = sp.ask_room(slot, idx, bytes);
+    let start = ledger_file::now_ms();
+    let answer = loop {
+        // SAFETY: plain sleep.
+        unsafe { libc::usleep(10_000) };
+        let now = ledger_file::now_ms();
+        let p = l.park();
+        let for_us = p.room_for.load(std::sync::atomic::Ordering::SeqCst) == tag;
+        let verdict = p.room_verdict.load(std::sync::atomic::Ordering::SeqCst);
+        match (for_us, verdict) {
+            (true, ROOM_DONE) => break true,
+            (true, ROOM_NONE) => break false,
+            (true, ROOM_COMING) if now.saturating_sub(start) < COMING_MS => continue,
+            (false, _) if now.saturating_sub(start) < ANSWER_MS => continue,
+            _ => break false,
+        }
+    };
+    sp.room_done();
+    crate::log::debug!(
+        "parking: asked for {bytes} bytes of room on device record {idx}: {}",
+        if answer { "made" } else { "none" }
+    );
+    answer
+}
