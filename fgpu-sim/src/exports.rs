@@ -8,7 +8,9 @@
 
 #![allow(non_snake_case)]
 
-use crate::cuda::{array, context, device, export_table, gpa, launch, memory, pool, stream, vmm};
+use crate::cuda::{
+    array, context, copy, device, export_table, gpa, host, launch, memory, pool, stream, vmm,
+};
 use crate::nvml;
 
 macro_rules! trampolines {
@@ -54,6 +56,8 @@ trampolines! {
     cuDevicePrimaryCtxRelease_v2 => context::cu_device_primary_ctx_release;
     cuCtxGetCurrent => context::cu_ctx_get_current;
     cuCtxSetCurrent => context::cu_ctx_set_current;
+    cuCtxPushCurrent_v2 => context::cu_ctx_push_current;
+    cuCtxPopCurrent_v2 => context::cu_ctx_pop_current;
     cuCtxGetDevice => context::cu_ctx_get_device;
     cuCtxSynchronize => context::cu_ctx_synchronize;
     cuGetProcAddress => gpa::cu_get_proc_address;
@@ -67,8 +71,28 @@ trampolines! {
     cuMemAllocManaged => memory::cu_mem_alloc_managed;
     cuMemFree_v2 => memory::cu_mem_free;
     cuMemGetInfo_v2 => memory::cu_mem_get_info;
-    cuMemcpyHtoD_v2 => memory::cu_memcpy_htod;
-    cuMemcpyDtoH_v2 => memory::cu_memcpy_dtoh;
+    cuMemGetAddressRange_v2 => copy::cu_mem_get_address_range;
+    cuMemcpy => copy::cu_memcpy;
+    cuMemcpy_ptds => copy::cu_memcpy;
+    cuMemcpyHtoD_v2 => copy::cu_memcpy_htod;
+    cuMemcpyHtoD_v2_ptds => copy::cu_memcpy_htod;
+    cuMemcpyDtoH_v2 => copy::cu_memcpy_dtoh;
+    cuMemcpyDtoH_v2_ptds => copy::cu_memcpy_dtoh;
+    cuMemcpyDtoD_v2 => copy::cu_memcpy_dtod;
+    cuMemcpyDtoD_v2_ptds => copy::cu_memcpy_dtod;
+    cuMemcpyHtoDAsync_v2 => copy::cu_memcpy_htod_async;
+    cuMemcpyHtoDAsync_v2_ptsz => copy::cu_memcpy_htod_async;
+    cuMemcpyDtoHAsync_v2 => copy::cu_memcpy_dtoh_async;
+    cuMemcpyDtoHAsync_v2_ptsz => copy::cu_memcpy_dtoh_async;
+    cuMemcpyDtoDAsync_v2 => copy::cu_memcpy_dtod_async;
+    cuMemcpyDtoDAsync_v2_ptsz => copy::cu_memcpy_dtod_async;
+    cuMemsetD8_v2 => copy::cu_memset_d8;
+    cuMemsetD8_v2_ptds => copy::cu_memset_d8;
+    cuMemsetD32_v2 => copy::cu_memset_d32;
+    cuMemsetD32_v2_ptds => copy::cu_memset_d32;
+    cuMemAllocHost_v2 => host::cu_mem_alloc_host;
+    cuMemHostAlloc => host::cu_mem_host_alloc;
+    cuMemFreeHost => host::cu_mem_free_host;
     cuMemAllocAsync => pool::cu_mem_alloc_async;
     cuMemAllocAsync_ptsz => pool::cu_mem_alloc_async;
     cuMemAllocFromPoolAsync => pool::cu_mem_alloc_from_pool_async;

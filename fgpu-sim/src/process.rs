@@ -2,10 +2,12 @@
 //! Lives behind one mutex; none of this is on a hot path that matters in a simulator.
 
 use crate::cuda::{
-    CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUresult,
+    CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_NOT_INITIALIZED,
+    CUDA_ERROR_OUT_OF_MEMORY, CUresult,
 };
+use crate::data::Bytes;
 use crate::state::{MAX_DEVICES, Shared, shared};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard};
@@ -29,6 +31,19 @@ pub struct Alloc {
     pub dev: usize,
     pub size: u64,
     pub kind: AllocKind,
+    /// What was written into it (freed with it).
+    pub data: Bytes,
+}
+
+impl Alloc {
+    pub fn new(dev: usize, size: u64, kind: AllocKind) -> Alloc {
+        Alloc {
+            dev,
+            size,
+            kind,
+            data: Bytes::default(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -54,6 +69,43 @@ pub struct VmmHandle {
     pub size: u64,
     pub released: bool,
     pub mappings: u32,
+    /// The physical memory's contents: they follow the handle to wherever it is mapped,
+    /// and go when the handle does.
+    pub data: Bytes,
+}
+
+/// One `cuMemMap`: `size` bytes of `handle`, from `offset` into it.
+#[derive(Clone, Copy, Debug)]
+pub struct Mapping {
+    pub size: u64,
+    pub handle: u64,
+    pub offset: u64,
+}
+
+/// The object that holds a device address's bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backing {
+    /// A linear allocation, by its start address.
+    Linear(u64),
+    /// A VMM physical allocation, by its handle.
+    Physical(u64),
+}
+
+/// A device address resolved: its object and offset there, and the allocation or mapping
+/// that contains it (`base`, `size`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resolved {
+    pub backing: Backing,
+    pub offset: u64,
+    pub base: u64,
+    pub size: u64,
+}
+
+impl Resolved {
+    /// Bytes from the resolved address to the end of its allocation or mapping.
+    pub fn left(&self, ptr: u64) -> u64 {
+        self.base + self.size - ptr
+    }
 }
 
 #[derive(Default)]
@@ -78,8 +130,14 @@ pub struct Local {
     pub vmm: BTreeMap<u64, VmmHandle>,
     /// Reserved VA ranges: start → size.
     pub reservations: BTreeMap<u64, u64>,
-    /// Mapped ranges: start → (size, handle).
-    pub mappings: BTreeMap<u64, (u64, u64)>,
+    /// Mapped ranges: start → mapping.
+    pub mappings: BTreeMap<u64, Mapping>,
+    /// Page-locked host memory (cuMemAllocHost, cuMemHostAlloc): address → size asked for.
+    pub host: BTreeMap<usize, usize>,
+    /// Per device: the primary context hit a sticky error (an illegal address); every later
+    /// call on it fails with that error until the context is destroyed (see
+    /// [`Local::current_dev`]).
+    pub poisoned: [bool; MAX_DEVICES],
     /// Arrays and mipmapped arrays: handle → (device, bytes).
     pub arrays: BTreeMap<usize, (usize, u64)>,
     /// `FGPU_SIM_REUSE_VA=1`: freed linear ranges by size, handed out again last-in
@@ -97,7 +155,10 @@ static LOCAL: Mutex<Option<Local>> = Mutex::new(None);
 static FORKED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
+    /// The calling thread's current context: the top of its context stack.
     static CURRENT: Cell<usize> = const { Cell::new(0) };
+    /// The contexts below the top of this thread's context stack (cuCtxPushCurrent).
+    static BELOW: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 pub struct Guard(MutexGuard<'static, Option<Local>>);
@@ -159,6 +220,22 @@ pub fn set_current_ctx(ctx: usize) {
     CURRENT.with(|c| c.set(ctx));
 }
 
+/// Pushes `ctx` onto this thread's context stack (it becomes current).
+pub fn push_ctx(ctx: usize) {
+    let below = current_ctx();
+    if below != 0 {
+        BELOW.with(|b| b.borrow_mut().push(below));
+    }
+    set_current_ctx(ctx);
+}
+
+/// Pops the current context: the one below it (or none) becomes current.
+pub fn pop_ctx() -> usize {
+    let top = current_ctx();
+    set_current_ctx(BELOW.with(|b| b.borrow_mut().pop()).unwrap_or(0));
+    top
+}
+
 impl Local {
     pub fn handle(&mut self) -> usize {
         self.next_handle += 16;
@@ -192,13 +269,76 @@ impl Local {
     }
 
     /// The device of the calling thread's current context.
+    ///
+    /// A context that hit an illegal address answers every call that needs it with
+    /// CUDA_ERROR_ILLEGAL_ADDRESS from then on: the CUDA Driver API reference (Data types
+    /// used by CUDA driver, `CUresult`) says of that error that it "leaves the process in an
+    /// inconsistent state and any further CUDA work will return the same error". Modelled
+    /// simply, as a flag per process and device ([`Local::poisoned`]) that every call going
+    /// through here sees, cleared only when the primary context is destroyed (its last
+    /// reference released).
     pub fn current_dev(&self) -> Result<usize, CUresult> {
         if !self.initialized || FORKED.load(SeqCst) {
             return Err(CUDA_ERROR_NOT_INITIALIZED);
         }
-        ctx_dev(current_ctx())
+        let d = ctx_dev(current_ctx())
             .filter(|&d| self.ctx_refs[d] > 0)
-            .ok_or(CUDA_ERROR_INVALID_CONTEXT)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if self.poisoned[d] {
+            return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
+        }
+        Ok(d)
+    }
+
+    /// Resolves a device address through the linear allocations and the VMM mappings.
+    /// A reserved but unmapped address, or a mapping whose handle is gone, resolves to
+    /// nothing.
+    pub fn resolve(&self, ptr: u64) -> Option<Resolved> {
+        if let Some((&base, a)) = self.allocs.range(..=ptr).next_back()
+            && ptr < base + a.size
+        {
+            return Some(Resolved {
+                backing: Backing::Linear(base),
+                offset: ptr - base,
+                base,
+                size: a.size,
+            });
+        }
+        let (&base, m) = self.mappings.range(..=ptr).next_back()?;
+        (ptr < base + m.size && self.vmm.contains_key(&m.handle)).then_some(Resolved {
+            backing: Backing::Physical(m.handle),
+            offset: m.offset + (ptr - base),
+            base,
+            size: m.size,
+        })
+    }
+
+    /// Whether `ptr` is a device address of this process: allocated or mapped, inside a
+    /// VA reservation, or anywhere in the range this process has handed out addresses from
+    /// (a freed allocation's address is still a device address, not host memory).
+    pub fn is_device_address(&self, ptr: u64) -> bool {
+        let base = (self.slot.unwrap_or(0) as u64 + 1) << VA_SHIFT;
+        self.resolve(ptr).is_some()
+            || (base..base + self.next_va).contains(&ptr)
+            || self
+                .reservations
+                .range(..=ptr)
+                .next_back()
+                .is_some_and(|(&s, &len)| ptr < s + len)
+    }
+
+    pub fn bytes(&self, b: Backing) -> Option<&Bytes> {
+        match b {
+            Backing::Linear(p) => self.allocs.get(&p).map(|a| &a.data),
+            Backing::Physical(h) => self.vmm.get(&h).map(|v| &v.data),
+        }
+    }
+
+    pub fn bytes_mut(&mut self, b: Backing) -> Option<&mut Bytes> {
+        match b {
+            Backing::Linear(p) => self.allocs.get_mut(&p).map(|a| &mut a.data),
+            Backing::Physical(h) => self.vmm.get_mut(&h).map(|v| &mut v.data),
+        }
     }
 
     pub fn charge(&self, dev: usize, bytes: u64) -> Result<(), CUresult> {

@@ -160,6 +160,16 @@ fn get_proc_address_selects_variants() {
         ("cuStreamBeginCapture", 12000, 0, "cuStreamBeginCapture_v2"),
         ("cuArrayCreate", 12000, 0, "cuArrayCreate_v2"),
         ("cuMemCreate", 12000, 0, "cuMemCreate"),
+        ("cuMemcpyHtoD", 12000, 0, "cuMemcpyHtoD_v2"),
+        ("cuMemcpyHtoD", 12000, 2, "cuMemcpyHtoD_v2_ptds"),
+        ("cuMemcpyDtoDAsync", 12000, 0, "cuMemcpyDtoDAsync_v2"),
+        ("cuMemcpyDtoDAsync", 12000, 2, "cuMemcpyDtoDAsync_v2_ptsz"),
+        ("cuMemcpy", 12000, 0, "cuMemcpy"),
+        ("cuMemsetD8", 12000, 2, "cuMemsetD8_v2_ptds"),
+        ("cuMemAllocHost", 12000, 0, "cuMemAllocHost_v2"),
+        ("cuMemGetAddressRange", 12000, 0, "cuMemGetAddressRange_v2"),
+        ("cuCtxPushCurrent", 12000, 0, "cuCtxPushCurrent_v2"),
+        ("cuCtxPopCurrent", 12000, 0, "cuCtxPopCurrent_v2"),
         (
             "cuGraphInstantiate",
             12000,
@@ -418,5 +428,227 @@ fn nvml_versioned_memory_info_and_process_buffer_protocol() {
         assert_eq!(n, 1);
         assert_eq!(buf[0].pid, std::process::id());
         assert_eq!(buf[0].used, m.used);
+    }
+}
+
+fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(37) ^ seed ^ (i >> 12) as u8)
+        .collect()
+}
+
+type HtoD = unsafe extern "C" fn(u64, *const u8, usize) -> i32;
+type DtoH = unsafe extern "C" fn(*mut u8, u64, usize) -> i32;
+
+#[test]
+fn copies_memsets_host_memory_and_address_ranges() {
+    let (lib, _g) = lib();
+    lib.context();
+    const CUDA_ERROR_NOT_FOUND: i32 = 500;
+    // SAFETY: the documented signatures of these entry points.
+    let (alloc, free, htod, dtoh, dtod, copy, memset32, range) = unsafe {
+        (
+            lib.f::<unsafe extern "C" fn(*mut u64, usize) -> i32>("cuMemAlloc_v2"),
+            lib.f::<unsafe extern "C" fn(u64) -> i32>("cuMemFree_v2"),
+            lib.f::<HtoD>("cuMemcpyHtoD_v2"),
+            lib.f::<DtoH>("cuMemcpyDtoH_v2"),
+            lib.f::<unsafe extern "C" fn(u64, u64, usize) -> i32>("cuMemcpyDtoD_v2"),
+            lib.f::<unsafe extern "C" fn(u64, u64, usize) -> i32>("cuMemcpy"),
+            lib.f::<unsafe extern "C" fn(u64, u32, usize) -> i32>("cuMemsetD32_v2"),
+            lib.f::<unsafe extern "C" fn(*mut u64, *mut usize, u64) -> i32>(
+                "cuMemGetAddressRange_v2",
+            ),
+        )
+    };
+    // SAFETY: as above.
+    let (host_alloc, host_free, htod_async, stream_create, stream_destroy) = unsafe {
+        (
+            lib.f::<unsafe extern "C" fn(*mut *mut u8, usize, u32) -> i32>("cuMemHostAlloc"),
+            lib.f::<unsafe extern "C" fn(*mut u8) -> i32>("cuMemFreeHost"),
+            lib.f::<unsafe extern "C" fn(u64, *const u8, usize, usize) -> i32>(
+                "cuMemcpyHtoDAsync_v2",
+            ),
+            lib.f::<unsafe extern "C" fn(*mut usize, u32) -> i32>("cuStreamCreate"),
+            lib.f::<unsafe extern "C" fn(usize) -> i32>("cuStreamDestroy_v2"),
+        )
+    };
+    let n = 3 * MIB as usize + 5;
+    let data = bytes(n, 0x5a);
+    // SAFETY: documented signatures; host buffers of the lengths passed throughout.
+    unsafe {
+        let (mut a, mut b) = (0u64, 0u64);
+        assert_eq!(alloc(&mut a, n), 0);
+        assert_eq!(alloc(&mut b, n), 0);
+        // Pinned host memory, written by hand, copied in, across, and back out.
+        let mut h: *mut u8 = std::ptr::null_mut();
+        assert_eq!(host_alloc(&mut h, n, 8), 1, "an unknown flag");
+        assert_eq!(host_alloc(&mut h, n, 1), 0);
+        std::ptr::copy_nonoverlapping(data.as_ptr(), h, n);
+        assert_eq!(htod(a, h, n), 0);
+        assert_eq!(dtod(b, a, n), 0);
+        let mut back = vec![0u8; n];
+        assert_eq!(dtoh(back.as_mut_ptr(), b, n), 0);
+        assert!(back == data, "HtoD, DtoD, DtoH");
+        // Unified addressing: cuMemcpy tells host from device by the address.
+        let mut via = vec![0u8; n];
+        assert_eq!(copy(via.as_mut_ptr() as u64, a, n), 0);
+        assert!(via == data, "cuMemcpy device to host");
+        let other = bytes(n, 0x11);
+        assert_eq!(copy(b, other.as_ptr() as u64, n), 0);
+        assert_eq!(copy(via.as_mut_ptr() as u64, b, n), 0);
+        assert!(via == other, "cuMemcpy host to device and back");
+        // Past the end of an allocation: INVALID_VALUE, and the context goes on.
+        assert_eq!(htod(a + n as u64 - 10, data.as_ptr(), 20), 1);
+        assert_eq!(dtoh(back.as_mut_ptr(), a + 1, n), 1);
+        assert_eq!(dtoh(back.as_mut_ptr(), a + 10, n - 10), 0);
+        assert!(back[..n - 10] == data[10..]);
+        // cuMemsetD32: aligned only; 32-bit values, little-endian.
+        assert_eq!(memset32(a + 2, 7, 4), 1);
+        assert_eq!(memset32(a + 4, 0xA1B2_C3D4, 2), 0);
+        let mut w = [0u8; 16];
+        assert_eq!(dtoh(w.as_mut_ptr(), a, 16), 0);
+        assert_eq!(&w[..4], &data[..4]);
+        assert_eq!(&w[4..12], &[0xD4, 0xC3, 0xB2, 0xA1, 0xD4, 0xC3, 0xB2, 0xA1]);
+        assert_eq!(&w[12..], &data[12..16]);
+        // Async: a stream that is not one is INVALID_HANDLE; the default stream and a
+        // created one copy.
+        assert_eq!(htod_async(a, data.as_ptr(), 8, 0xDEAD0), 400);
+        assert_eq!(htod_async(a, data.as_ptr(), 8, 0), 0);
+        let mut s = 0usize;
+        assert_eq!(stream_create(&mut s, 0), 0);
+        assert_eq!(htod_async(a, data.as_ptr(), 8, s), 0);
+        assert_eq!(stream_destroy(s), 0);
+        assert_eq!(
+            htod_async(a, data.as_ptr(), 8, s),
+            400,
+            "a destroyed stream"
+        );
+        // Address ranges: linear, pinned host, neither.
+        let (mut base, mut size) = (0u64, 0usize);
+        assert_eq!(range(&mut base, &mut size, a + 12345), 0);
+        assert_eq!((base, size), (a, n));
+        assert_eq!(range(&mut base, std::ptr::null_mut(), h.add(99) as u64), 0);
+        assert_eq!(base, h as u64);
+        assert_eq!(range(&mut base, &mut size, 0x10), CUDA_ERROR_NOT_FOUND);
+        // Frees: the data goes with the allocation; unknown host pointers are refused.
+        assert_eq!(host_free(h.add(1)), 1);
+        assert_eq!(host_free(h), 0);
+        assert_eq!(host_free(h), 1, "double free");
+        assert_eq!(free(a), 0);
+        assert_eq!(range(&mut base, &mut size, a), CUDA_ERROR_NOT_FOUND);
+        assert_eq!(free(b), 0);
+    }
+}
+
+#[test]
+fn vmm_contents_belong_to_the_handle_and_honour_the_map_offset() {
+    let (lib, _g) = lib();
+    lib.context();
+    type Create = unsafe extern "C" fn(*mut u64, usize, *const AllocProp, u64) -> i32;
+    type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> i32;
+    type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> i32;
+    // SAFETY: the documented signatures of these entry points.
+    let (create, release, reserve, map, unmap, htod, dtoh, range) = unsafe {
+        (
+            lib.f::<Create>("cuMemCreate"),
+            lib.f::<unsafe extern "C" fn(u64) -> i32>("cuMemRelease"),
+            lib.f::<Reserve>("cuMemAddressReserve"),
+            lib.f::<Map>("cuMemMap"),
+            lib.f::<unsafe extern "C" fn(u64, usize) -> i32>("cuMemUnmap"),
+            lib.f::<HtoD>("cuMemcpyHtoD_v2"),
+            lib.f::<DtoH>("cuMemcpyDtoH_v2"),
+            lib.f::<unsafe extern "C" fn(*mut u64, *mut usize, u64) -> i32>(
+                "cuMemGetAddressRange_v2",
+            ),
+        )
+    };
+    let prop = AllocProp {
+        alloc_type: 1,
+        handle_types: 0,
+        location_type: 1, // DEVICE
+        location_id: 0,
+        win32: std::ptr::null_mut(),
+        flags: [0; 8],
+    };
+    let (half, whole) = (2 * MIB as usize, 4 * MIB as usize);
+    let data = bytes(whole, 0x3c);
+    // SAFETY: documented signatures; pointers to valid locals and buffers throughout.
+    unsafe {
+        let (mut h, mut va, mut va2, mut va3) = (0u64, 0u64, 0u64, 0u64);
+        assert_eq!(create(&mut h, whole, &prop, 0), 0);
+        assert_eq!(reserve(&mut va, whole, 0, 0, 0), 0);
+        assert_eq!(reserve(&mut va2, half, 0, 0, 0), 0);
+        assert_eq!(reserve(&mut va3, whole, 0, 0, 0), 0);
+        assert_eq!(map(va, whole, 0, h, 0), 0);
+        assert_eq!(htod(va, data.as_ptr(), whole), 0);
+        // The second half of the handle, mapped on its own.
+        assert_eq!(map(va2, whole, 0, h, 0), 1, "larger than the reservation");
+        assert_eq!(
+            map(va2, half, 3 * MIB as usize, h, 0),
+            400,
+            "past the handle's end"
+        );
+        assert_eq!(map(va2, half, half, h, 0), 0);
+        assert_eq!(map(va2, half, 0, h, 0), 1, "already mapped");
+        let mut back = vec![0u8; whole];
+        assert_eq!(dtoh(back.as_mut_ptr(), va2, half), 0);
+        assert!(back[..half] == data[half..]);
+        // Two mappings back to back, halves swapped: one copy runs across both.
+        assert_eq!(map(va3, half, half, h, 0), 0);
+        assert_eq!(map(va3 + half as u64, half, 0, h, 0), 0);
+        assert_eq!(dtoh(back.as_mut_ptr(), va3, whole), 0);
+        assert!(back[..half] == data[half..] && back[half..] == data[..half]);
+        let (mut base, mut size) = (0u64, 0usize);
+        assert_eq!(range(&mut base, &mut size, va3 + half as u64 + 1), 0);
+        assert_eq!((base, size), (va3 + half as u64, half), "the mapping");
+        // Released and created again: a new handle, all zeros.
+        for (p, len) in [(va, whole), (va2, half), (va3, whole)] {
+            assert_eq!(unmap(p, len), 0);
+        }
+        assert_eq!(release(h), 0);
+        assert_eq!(create(&mut h, whole, &prop, 0), 0);
+        assert_eq!(map(va, whole, 0, h, 0), 0);
+        assert_eq!(dtoh(back.as_mut_ptr(), va, whole), 0);
+        assert!(back.iter().all(|&b| b == 0), "a new handle starts at zero");
+        assert_eq!(unmap(va, whole), 0);
+        assert_eq!(release(h), 0);
+    }
+}
+
+#[test]
+fn context_stack_push_and_pop() {
+    let (lib, _g) = lib();
+    lib.context();
+    // SAFETY: the documented signatures of these entry points.
+    let (get, set, push, pop) = unsafe {
+        (
+            lib.f::<unsafe extern "C" fn(*mut usize) -> i32>("cuCtxGetCurrent"),
+            lib.f::<unsafe extern "C" fn(usize) -> i32>("cuCtxSetCurrent"),
+            lib.f::<unsafe extern "C" fn(usize) -> i32>("cuCtxPushCurrent_v2"),
+            lib.f::<unsafe extern "C" fn(*mut usize) -> i32>("cuCtxPopCurrent_v2"),
+        )
+    };
+    // SAFETY: documented signatures; valid out-pointers.
+    unsafe {
+        let mut ctx = 0usize;
+        assert_eq!(get(&mut ctx), 0);
+        assert_ne!(ctx, 0);
+        let mut c = 0usize;
+        assert_eq!(pop(&mut c), 0);
+        assert_eq!(c, ctx);
+        assert_eq!(get(&mut c), 0);
+        assert_eq!(c, 0, "nothing below it");
+        assert_eq!(pop(&mut c), 201, "an empty stack");
+        assert_eq!(push(0x1234), 201, "not a context");
+        assert_eq!(push(ctx), 0);
+        assert_eq!(push(ctx), 0);
+        assert_eq!(pop(std::ptr::null_mut()), 0);
+        assert_eq!(get(&mut c), 0);
+        assert_eq!(c, ctx, "the one pushed first is current again");
+        // cuCtxSetCurrent(NULL) pops.
+        assert_eq!(set(0), 0);
+        assert_eq!(get(&mut c), 0);
+        assert_eq!(c, 0);
+        assert_eq!(set(ctx), 0);
     }
 }

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::ffi::put;
-use crate::process::{CTX_BASE, ctx_dev, current_ctx, local, set_current_ctx};
+use crate::process::{CTX_BASE, ctx_dev, current_ctx, local, pop_ctx, push_ctx, set_current_ctx};
 use crate::state::shared;
 use crate::timeline::sleep_until;
 use std::sync::atomic::Ordering::SeqCst;
@@ -58,6 +58,11 @@ pub extern "C" fn cu_device_primary_ctx_release(dev: CUdevice) -> CUresult {
         l.allocs.retain(|_, a| a.dev != d);
         l.pools.retain(|_, p| p.dev != d);
         l.vmm.retain(|_, h| h.dev != Some(d));
+        let vmm = std::mem::take(&mut l.vmm);
+        l.mappings.retain(|_, m| vmm.contains_key(&m.handle));
+        l.vmm = vmm;
+        // A new context starts clean of the old one's sticky error.
+        l.poisoned[d] = false;
         l.arrays.retain(|_, a| a.0 != d);
         l.streams.retain(|_, st| st.dev != d);
     }
@@ -75,6 +80,9 @@ pub extern "C" fn cu_ctx_get_current(out: *mut Handle) -> CUresult {
     }
 }
 
+/// `cuCtxSetCurrent(ctx)` replaces the top of the thread's context stack; NULL pops it
+/// (CUDA Driver API reference, Context Management, cuCtxSetCurrent: "equivalent to popping
+/// the top of the calling CPU thread's CUDA context stack").
 pub extern "C" fn cu_ctx_set_current(ctx: Handle) -> CUresult {
     if !local().initialized {
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -82,7 +90,38 @@ pub extern "C" fn cu_ctx_set_current(ctx: Handle) -> CUresult {
     if ctx != 0 && ctx_dev(ctx).is_none() {
         return CUDA_ERROR_INVALID_CONTEXT;
     }
-    set_current_ctx(ctx);
+    if ctx == 0 {
+        pop_ctx();
+    } else {
+        set_current_ctx(ctx);
+    }
+    CUDA_SUCCESS
+}
+
+/// `cuCtxPushCurrent_v2(ctx)`: `ctx` becomes current, the previous one waits below it
+/// (Context Management, cuCtxPushCurrent).
+pub extern "C" fn cu_ctx_push_current(ctx: Handle) -> CUresult {
+    if !local().initialized {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    if ctx_dev(ctx).is_none() {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    push_ctx(ctx);
+    CUDA_SUCCESS
+}
+
+/// `cuCtxPopCurrent_v2(pctx)`: pops the current context into `*pctx` (if not NULL); the
+/// context that was current before it was pushed is current again (Context Management,
+/// cuCtxPopCurrent). No current context: CUDA_ERROR_INVALID_CONTEXT.
+pub extern "C" fn cu_ctx_pop_current(out: *mut Handle) -> CUresult {
+    if !local().initialized {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    if current_ctx() == 0 {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    put(out, pop_ctx());
     CUDA_SUCCESS
 }
 

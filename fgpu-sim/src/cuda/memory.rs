@@ -1,4 +1,4 @@
-//! Linear device memory: cuMemAlloc, pitch, managed, free, info, (no-op) copies.
+//! Linear device memory: cuMemAlloc, pitch, managed, free, info. (Copies: `copy`.)
 
 use super::*;
 use crate::ffi::put;
@@ -31,7 +31,7 @@ pub fn allocate(size: u64, kind: AllocKind, charge: bool) -> Result<(u64, usize)
         l.charge(dev, size)?;
     }
     let ptr = l.linear_va(size);
-    l.allocs.insert(ptr, Alloc { dev, size, kind });
+    l.allocs.insert(ptr, Alloc::new(dev, size, kind));
     Ok((ptr, dev))
 }
 
@@ -129,12 +129,4 @@ pub extern "C" fn cu_mem_get_info(free: *mut usize, total: *mut usize) -> CUresu
     } else {
         CUDA_ERROR_INVALID_VALUE
     }
-}
-
-pub extern "C" fn cu_memcpy_htod(_dst: CUdeviceptr, _src: *const u8, _n: usize) -> CUresult {
-    rc(local().current_dev().map(|_| ()))
-}
-
-pub extern "C" fn cu_memcpy_dtoh(_dst: *mut u8, _src: CUdeviceptr, _n: usize) -> CUresult {
-    rc(local().current_dev().map(|_| ()))
 }

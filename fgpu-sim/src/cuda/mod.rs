@@ -3,9 +3,11 @@
 
 pub mod array;
 pub mod context;
+pub mod copy;
 pub mod device;
 pub mod export_table;
 pub mod gpa;
+pub mod host;
 pub mod launch;
 pub mod memory;
 pub mod pool;
@@ -29,7 +31,9 @@ pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
 
 pub const DRIVER_VERSION: i32 = 13000;
 
@@ -79,6 +83,11 @@ const ERRORS: &[(CUresult, &str, &str)] = &[
     ),
     (500, "CUDA_ERROR_NOT_FOUND\0", "named symbol not found\0"),
     (600, "CUDA_ERROR_NOT_READY\0", "device not ready\0"),
+    (
+        700,
+        "CUDA_ERROR_ILLEGAL_ADDRESS\0",
+        "an illegal memory access was encountered\0",
+    ),
     (
         801,
         "CUDA_ERROR_NOT_SUPPORTED\0",

@@ -55,11 +55,7 @@ fn alloc_from(dptr: *mut CUdeviceptr, size: usize, pool: Option<Handle>) -> CUre
     let ptr = l.va(size, 512);
     l.allocs.insert(
         ptr,
-        crate::process::Alloc {
-            dev: pdev,
-            size,
-            kind: AllocKind::Pool(h),
-        },
+        crate::process::Alloc::new(pdev, size, AllocKind::Pool(h)),
     );
     put(dptr, ptr);
     CUDA_SUCCESS

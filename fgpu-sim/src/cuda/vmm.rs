@@ -1,11 +1,15 @@
 //! Virtual memory management: cuMemCreate / cuMemMap and friends.
 //!
 //! Physical memory (a `cuMemCreate` with a DEVICE location) is charged at creation and given
-//! back only once the handle has been released AND every mapping of it unmapped.
+//! back only once the handle has been released AND every mapping of it unmapped. Its
+//! contents belong to the handle (`VmmHandle::data`): mapped at another address, or at the
+//! same one again, a handle shows the same bytes; a new handle starts at zero. A reserved
+//! range with nothing mapped is no memory at all: an access to it is an illegal address
+//! (see `cuda::copy`).
 
 use super::*;
 use crate::ffi::{get, put};
-use crate::process::{Local, VmmHandle, local};
+use crate::process::{Local, Mapping, VmmHandle, local};
 
 pub const GRANULARITY: u64 = 2 << 20;
 const LOCATION_DEVICE: i32 = 1;
@@ -58,6 +62,7 @@ pub extern "C" fn cu_mem_create(
             size,
             released: false,
             mappings: 0,
+            data: Default::default(),
         },
     );
     put(out, h);
@@ -125,23 +130,43 @@ fn reserved(l: &Local, ptr: u64, size: u64) -> bool {
         .is_some_and(|(&s, &len)| ptr + size <= s + len)
 }
 
+/// `cuMemMap(ptr, size, offset, handle, flags)`: maps `size` bytes of `handle`, starting
+/// `offset` bytes into it, at `ptr` inside a reservation. The CUDA Driver API reference
+/// (Virtual Memory Management, cuMemMap) notes that the offset "currently must be zero"; the
+/// simulator is more lenient and honours any offset with `offset + size` inside the handle,
+/// so that reads through the mapping land where they would.
 pub extern "C" fn cu_mem_map(
     ptr: CUdeviceptr,
     size: usize,
-    _offset: usize,
+    offset: usize,
     h: u64,
     _flags: u64,
 ) -> CUresult {
-    let size = size as u64;
+    let (size, offset) = (size as u64, offset as u64);
     let mut l = local();
-    if !reserved(&l, ptr, size) || l.mappings.contains_key(&ptr) {
+    let end = ptr.saturating_add(size);
+    let overlaps = l
+        .mappings
+        .range(..end)
+        .next_back()
+        .is_some_and(|(&s, m)| s + m.size > ptr);
+    if size == 0 || !reserved(&l, ptr, size) || overlaps {
         return CUDA_ERROR_INVALID_VALUE;
     }
     match l.vmm.get_mut(&h) {
-        Some(v) if !v.released && size <= v.size => v.mappings += 1,
+        Some(v) if !v.released && offset.checked_add(size).is_some_and(|e| e <= v.size) => {
+            v.mappings += 1
+        }
         _ => return CUDA_ERROR_INVALID_HANDLE,
     }
-    l.mappings.insert(ptr, (size, h));
+    l.mappings.insert(
+        ptr,
+        Mapping {
+            size,
+            handle: h,
+            offset,
+        },
+    );
     CUDA_SUCCESS
 }
 
@@ -153,11 +178,11 @@ pub extern "C" fn cu_mem_unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
         return CUDA_ERROR_INVALID_VALUE;
     }
     for p in hit {
-        if let Some((_, h)) = l.mappings.remove(&p) {
-            if let Some(v) = l.vmm.get_mut(&h) {
+        if let Some(m) = l.mappings.remove(&p) {
+            if let Some(v) = l.vmm.get_mut(&m.handle) {
                 v.mappings = v.mappings.saturating_sub(1);
             }
-            maybe_free(&mut l, h);
+            maybe_free(&mut l, m.handle);
         }
     }
     CUDA_SUCCESS

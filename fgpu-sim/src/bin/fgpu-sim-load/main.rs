@@ -13,6 +13,13 @@
 //!   alloc SIZE | alloc-api {mem_alloc|pitch|managed|async|pool|vmm|array} SIZE
 //!   free-last | free N | free-all | trim | info | launch N KERNEL | graph N KERNEL REPLAYS
 //!   sync | sleep MS | hold | nvml
+//!   fill IDX SEED | check IDX SEED (a pattern of SEED over allocation IDX, written with
+//!                                cuMemcpyHtoD_v2 / read back with cuMemcpyDtoH_v2, 64 MiB at
+//!                                most per call; `check IDX ok` or `check IDX mismatch at OFF`)
+//!   check-byte IDX BYTE | memset IDX BYTE (cuMemsetD8_v2) | copy DST SRC (cuMemcpyDtoD_v2)
+//!   unmap IDX | map IDX | remap IDX (a vmm allocation's mapping: unmapped with its
+//!                                reservation kept, mapped again there, or mapped at a fresh
+//!                                reservation that becomes its address); lines: driver/data.rs
 //!   device N                    (make ordinal N's primary context current; prints its UUID)
 //!   no-context                  (no context current: driver calls then fail, e.g. a free)
 //!   devices                     (the visible ordinals and their UUIDs)
@@ -199,6 +206,30 @@ fn main() {
                     if !d.allocs[n].freed {
                         d.free(n);
                     }
+                }
+            }
+            "fill" | "check" | "check-byte" | "memset" | "copy" => {
+                let idx = num_arg(args.get(i)).unwrap_or(u64::MAX) as usize;
+                let Some(v) = num_arg(args.get(i + 1)) else {
+                    out(format!("error bad-argument command={cmd}"));
+                    std::process::exit(2);
+                };
+                i += 2;
+                match cmd {
+                    "fill" => d.fill(idx, v),
+                    "check" => d.check(idx, v),
+                    "check-byte" => d.check_byte(idx, v as u8),
+                    "memset" => d.memset(idx, v as u8),
+                    _ => d.copy(idx, v as usize),
+                }
+            }
+            "unmap" | "map" | "remap" => {
+                let idx = num_arg(args.get(i)).unwrap_or(u64::MAX) as usize;
+                i += 1;
+                if cmd == "unmap" {
+                    d.unmap(idx);
+                } else {
+                    d.map(idx, cmd == "remap");
                 }
             }
             "trim" => d.trim(),

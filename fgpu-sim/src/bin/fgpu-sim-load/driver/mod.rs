@@ -1,7 +1,9 @@
 //! The commands' state — the context, the allocations made — and what every command
-//! shares: reporting, devices, synchronisation. The commands themselves: `memory`,
-//! `launch` (kernels and graphs), `steps` (step loops with host time between them).
+//! shares: reporting, devices, synchronisation. The commands themselves: `memory`, `data`
+//! (patterns written and checked, memsets, copies, VMM remaps), `launch` (kernels and
+//! graphs), `steps` (step loops with host time between them).
 
+mod data;
 mod launch;
 mod memory;
 mod steps;

@@ -1,0 +1,250 @@
+//! Device data through fgpu-sim-load: patterns written and read back byte for byte, data
+//! that follows a VMM physical handle to another address, an access to a reserved range with
+//! nothing mapped (a parked allocation) failing with a sticky CUDA_ERROR_ILLEGAL_ADDRESS,
+//! device-to-device copies and memsets.
+
+mod common;
+use common::*;
+
+fn has(lines: &[String], want: &str) -> bool {
+    lines.iter().any(|l| l == want)
+}
+
+#[test]
+fn filled_linear_allocations_read_back_byte_for_byte() {
+    let env = SimEnv::new("data-linear");
+    // An odd size (a tail shorter than a pattern word) and one over 64 MiB (two copies).
+    let out = env.run(&[
+        "--error-names",
+        "alloc",
+        "5000003",
+        "alloc",
+        "70MiB",
+        "alloc-api",
+        "pitch",
+        "1MiB",
+        "fill",
+        "0",
+        "11",
+        "fill",
+        "1",
+        "12",
+        "fill",
+        "2",
+        "13",
+        "check",
+        "0",
+        "11",
+        "check",
+        "1",
+        "12",
+        "check",
+        "2",
+        "13",
+        "check",
+        "1",
+        "11",
+    ]);
+    assert!(has(&out, "fill 0 ok bytes=5000003"), "{out:?}");
+    assert!(
+        has(&out, &format!("fill 1 ok bytes={}", 70 * MIB)),
+        "{out:?}"
+    );
+    for idx in 0..3 {
+        assert!(has(&out, &format!("check {idx} ok")), "{out:?}");
+    }
+    // Another seed's pattern is not there.
+    assert!(has(&out, "check 1 mismatch at 0"), "{out:?}");
+}
+
+#[test]
+fn unwritten_memory_reads_as_zero_and_memset_sets_every_byte() {
+    let env = SimEnv::new("data-memset");
+    let out = env.run(&[
+        "--error-names",
+        "alloc",
+        "3MiB",
+        "check-byte",
+        "0",
+        "0",
+        "fill",
+        "0",
+        "2",
+        "memset",
+        "0",
+        "171",
+        "check-byte",
+        "0",
+        "171",
+        "check",
+        "0",
+        "2",
+        "memset",
+        "0",
+        "0",
+        "check-byte",
+        "0",
+        "0",
+    ]);
+    assert_eq!(
+        out.iter().filter(|l| *l == "check-byte 0 ok").count(),
+        3,
+        "{out:?}"
+    );
+    assert!(has(&out, "memset 0 ok"), "{out:?}");
+    assert!(has(&out, "check 0 mismatch at 0"), "{out:?}");
+}
+
+#[test]
+fn device_to_device_copies_move_the_bytes() {
+    let env = SimEnv::new("data-dtod");
+    // linear → linear, linear → vmm, vmm → linear.
+    let out = env.run(&[
+        "--error-names",
+        "alloc",
+        "4MiB",
+        "alloc",
+        "4MiB",
+        "alloc-api",
+        "vmm",
+        "4MiB",
+        "alloc",
+        "4MiB",
+        "fill",
+        "0",
+        "5",
+        "copy",
+        "1",
+        "0",
+        "check",
+        "1",
+        "5",
+        "copy",
+        "2",
+        "1",
+        "check",
+        "2",
+        "5",
+        "copy",
+        "3",
+        "2",
+        "check",
+        "3",
+        "5",
+        "check",
+        "0",
+        "5",
+    ]);
+    for (dst, src) in [(1, 0), (2, 1), (3, 2)] {
+        assert!(
+            has(&out, &format!("copy {dst} {src} ok bytes={}", 4 * MIB)),
+            "{out:?}"
+        );
+    }
+    for idx in 0..4 {
+        assert!(has(&out, &format!("check {idx} ok")), "{out:?}");
+    }
+}
+
+#[test]
+fn vmm_data_follows_the_physical_handle_to_another_address() {
+    let env = SimEnv::new("data-vmm");
+    let out = env.run(&[
+        "--error-names",
+        "alloc-api",
+        "vmm",
+        "8MiB",
+        "fill",
+        "0",
+        "7",
+        "unmap",
+        "0",
+        "remap",
+        "0",
+        "check",
+        "0",
+        "7",
+        // Unmapped and mapped again at the same address (a park and an unpark).
+        "unmap",
+        "0",
+        "map",
+        "0",
+        "check",
+        "0",
+        "7",
+        "info",
+    ]);
+    let first = field(line(&out, "alloc ok"), "ptr").expect("ptr");
+    let second = field(line(&out, "remap 0 ok"), "ptr").expect("ptr");
+    assert_ne!(first, second, "a fresh reservation");
+    assert_eq!(field(line(&out, "map 0 ok"), "ptr"), Some(second));
+    assert_eq!(
+        out.iter().filter(|l| *l == "check 0 ok").count(),
+        2,
+        "{out:?}"
+    );
+    // The physical memory stayed charged throughout: 8 MiB and the context.
+    assert_eq!(info_free(&out), 16 * GIB - 8 * MIB - 300 * MIB);
+}
+
+#[test]
+fn touching_a_reserved_range_with_nothing_mapped_is_a_sticky_illegal_address() {
+    let env = SimEnv::new("data-parked");
+    let out = env.run(&[
+        "--error-names",
+        "alloc",
+        "1MiB",
+        "alloc-api",
+        "vmm",
+        "4MiB",
+        "fill",
+        "1",
+        "3",
+        "unmap",
+        "1",
+        "check",
+        "1",
+        "3",
+        "info",
+        "check",
+        "0",
+        "0",
+        "alloc",
+        "1MiB",
+    ]);
+    assert!(has(&out, "unmap 1 ok"), "{out:?}");
+    assert!(
+        has(&out, "check 1 fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
+        "{out:?}"
+    );
+    // Every later call on the context fails the same way, even on good memory.
+    assert!(
+        has(&out, "info fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
+        "{out:?}"
+    );
+    assert!(
+        has(&out, "check 0 fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
+        "{out:?}"
+    );
+    assert!(
+        line(&out, "alloc fail").starts_with("alloc fail rc=700"),
+        "{out:?}"
+    );
+    // Another process is not affected.
+    let other = env.run(&["alloc", "1MiB", "fill", "0", "1", "check", "0", "1"]);
+    assert!(has(&other, "check 0 ok"), "{other:?}");
+}
+
+#[test]
+fn strict_mode_fails_on_a_mismatch() {
+    let env = SimEnv::new("data-strict");
+    let out = env
+        .command(&[
+            "--strict", "alloc", "1MiB", "fill", "0", "1", "check", "0", "2",
+        ])
+        .output()
+        .expect("run loader");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("check 0 mismatch at 0"), "{text}");
+    assert_eq!(out.status.code(), Some(1));
+}
