@@ -103,6 +103,21 @@ pub struct CgroupStatus {
     pub pod_namespace: Option<String>,
     #[serde(default)]
     pub pod_name: Option<String>,
+    /// Parkable after this long without GPU use, ms (`null`: not parkable; docs/parking.md).
+    #[serde(default)]
+    pub park_after_ms: Option<u64>,
+    /// Device memory of its processes parked in host memory now (all GPUs); such bytes
+    /// are not in `memory_used_bytes`.
+    #[serde(default)]
+    pub parked_bytes: u64,
+    /// Why some process of it cannot be parked, as its shims said (empty: nothing pins it).
+    #[serde(default)]
+    pub park_pinned: Vec<String>,
+    /// Parks and unparks its processes carried out (processes alive now).
+    #[serde(default)]
+    pub parks: u64,
+    #[serde(default)]
+    pub unparks: u64,
 }
 
 impl CgroupStatus {
@@ -137,6 +152,11 @@ impl CgroupStatus {
             pod_uid: None,
             pod_namespace: None,
             pod_name: None,
+            park_after_ms: None,
+            parked_bytes: 0,
+            park_pinned: Vec::new(),
+            parks: 0,
+            unparks: 0,
         }
     }
 }

@@ -28,6 +28,7 @@ mod limits;
 pub(crate) mod logging;
 pub(crate) mod metrics;
 mod ownpod;
+mod park;
 mod peer;
 mod pidfd;
 mod pins;
@@ -128,6 +129,14 @@ pub struct AgentArgs {
     #[arg(long, value_name = "SIZE", default_value = unseen::DEFAULT_TOLERANCE,
           value_parser = |s: &str| fgpu_common::quantity::parse_size(s).map_err(|e| e.to_string()))]
     unseen_tolerance: u64,
+
+    /// Host memory parked containers' device memory may take, all together
+    /// (`fgpu limit set --park-after`, docs/parking.md): a container whose memory would not
+    /// fit is not parked. The copies are pinned host memory of the parked processes, charged
+    /// to their own memory cgroups. Default: half of the node's memory.
+    #[arg(long, value_name = "SIZE",
+          value_parser = |s: &str| fgpu_common::quantity::parse_size(s).map_err(|e| e.to_string()))]
+    park_host_memory: Option<u64>,
 
     /// Log filter (tracing's EnvFilter syntax), e.g. `info`, `debug`, `fgpu=debug`.
     #[arg(long, value_name = "FILTER", default_value = "info", env = "FGPU_LOG")]
@@ -275,6 +284,16 @@ pub fn run(args: AgentArgs) -> Result<()> {
             .name("fgpu-compute".into())
             .spawn(move || compute::run(&state.ledgers, &state.compute, &state.gpus))
             .context("starting the compute controller")?;
+    }
+    {
+        let state = Arc::clone(&state);
+        let budget = args
+            .park_host_memory
+            .unwrap_or_else(park::default_host_budget);
+        std::thread::Builder::new()
+            .name("fgpu-park".into())
+            .spawn(move || park::run(&state.ledgers, budget))
+            .context("starting the parking broker")?;
     }
 
     // The kernel enforces from here on, also over maps a previous agent pinned.

@@ -67,11 +67,31 @@ pub fn of(state: &State) -> StatusReport {
         let ledger = super::budget::ledger_for(&limits, &row.cgroup);
         if let Some(l) = state.ledgers.get(&ledger) {
             row.alloc_denied = l.denied();
+            parking(row, l.ledger());
             row.ledger = Some(ledger);
         }
     }
     report.libraries = state.libraries.lock().expect("libraries lock").clone();
     report
+}
+
+/// What `row`'s ledger says of parking: whether it is parkable, what its processes hold in
+/// host memory, what pins them, how often they parked (docs/parking.md).
+fn parking(row: &mut CgroupStatus, l: &fgpu_common::ledger::Ledger) {
+    use std::sync::atomic::Ordering::SeqCst;
+    row.park_after_ms = l.park_after_ms();
+    let mut pins = 0u32;
+    for s in (0..l.slots_in_range()).filter(|&s| l.slot_in_use(s)) {
+        let sp = l.slot_park(s);
+        row.parked_bytes += l.parked_bytes(s);
+        pins |= sp.pinned.load(SeqCst);
+        row.parks += sp.parks.load(SeqCst);
+        row.unparks += sp.unparks.load(SeqCst);
+    }
+    row.park_pinned = fgpu_common::ledger::park::pin::names(pins)
+        .into_iter()
+        .map(String::from)
+        .collect();
 }
 
 /// Who `row`'s cgroup belongs to: its container and pod by the cgroup's name

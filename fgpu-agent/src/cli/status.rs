@@ -146,6 +146,22 @@ pub fn table(report: &StatusReport) -> String {
             turns,
             used
         );
+        if c.parked_bytes > 0 {
+            let _ = writeln!(
+                out,
+                "{:<width$}  parked: {} in host memory",
+                "",
+                Size(c.parked_bytes)
+            );
+        }
+        if c.park_after_ms.is_some() && !c.park_pinned.is_empty() {
+            let _ = writeln!(
+                out,
+                "{:<width$}  not parkable: {}",
+                "",
+                c.park_pinned.join(", ")
+            );
+        }
         if !c.memory_limit_gpus.is_empty() {
             for d in &c.devices {
                 let _ = writeln!(

@@ -1,0 +1,173 @@
+//! Parking (issue 29, docs/parking.md) under the real agent (`fgpu agent --sim`), over the
+//! simulated driver, which keeps device data and fails a touch of unmapped memory with a
+//! sticky CUDA_ERROR_ILLEGAL_ADDRESS: a tenant whose memory came back wrong, or that touched
+//! it while it was parked, fails its `check` lines.
+//!
+//! The simulated GPU has 2 GiB; every process's context takes 300 MiB of it.
+//!
+//! `privileged_*` tests run the real agent and need root.
+
+mod common;
+
+use common::agent::*;
+use fgpu_testkit::privileged;
+
+/// Re-executed as a client by `AgentWorld::client`; does nothing in a normal test run.
+#[test]
+fn client_entry() {
+    if common::client::main() {
+        std::process::exit(0);
+    }
+}
+
+const SIM: [(&str, &str); 2] = [("FGPU_SIM_MEMORY", "2GiB"), ("FGPU_LOG", "info")];
+
+/// The agent's status row of `cg` (`fgpu status --json`).
+fn row(w: &AgentWorld, cg: &Cgroup) -> serde_json::Value {
+    let (ok, out) = w.fgpu(&["status", "--json"]);
+    assert!(ok, "fgpu status --json: {out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
+    v["cgroups"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["cgroup"] == cg.path.as_str()))
+        .cloned()
+        .unwrap_or_else(|| panic!("no row for {} in {out}", cg.path))
+}
+
+/// An idle parkable tenant holding 512 MiB is parked when another tenant's allocation finds
+/// the GPU full; the other's allocation then succeeds; the parked tenant holds nothing on the
+/// GPU (status: parked 512 MiB); its next copy brings the memory back at the same addresses,
+/// byte for byte.
+#[test]
+fn privileged_an_idle_parkable_tenant_is_parked_for_another_and_comes_back_byte_for_byte() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("park");
+    let _agent = w.agent();
+    let a_cg = Cgroup::new("park-a");
+    let b_cg = Cgroup::new("park-b");
+    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+    w.set_limit(&b_cg, "1500MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &[
+            "alloc", "256MiB", "alloc", "256MiB", "fill", "0", "7", "fill", "1", "9", "launch",
+            "1", "empty", "hold", "check", "0", "7", "check", "1", "9", "info",
+        ],
+    );
+    a.expect("ready");
+    let before = row(&w, &a_cg);
+    assert_eq!(before["park_after_ms"], 1000, "{before}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // 2 GiB - 300 MiB (a's context) - 512 MiB (a) - 300 MiB (b's context) = 936 MiB free:
+    // the second 512 MiB only fits once a is parked.
+    let mut b = w.load(
+        &b_cg,
+        &SIM,
+        &["alloc", "512MiB", "alloc", "512MiB", "info", "hold"],
+    );
+    b.expect("ready");
+    let allocs = allocs(&b.lines);
+    assert_eq!(
+        allocs,
+        vec![Ok(512 << 20), Ok(512 << 20)],
+        "b's allocations: {:?}",
+        b.lines
+    );
+    let parked = row(&w, &a_cg);
+    assert_eq!(parked["parked_bytes"], 512u64 << 20, "{parked}");
+    assert_eq!(parked["parks"], 1, "{parked}");
+    assert!(
+        parked["memory_used_bytes"].as_u64().unwrap() < 400 << 20,
+        "a parked holds its context only: {parked}"
+    );
+    let (ok, text) = w.fgpu(&["status"]);
+    assert!(ok && text.contains("parked: 512MiB in host memory"), "{text}");
+    // b ends: its memory goes back; a's next copy unparks it.
+    let b = b.finish();
+    assert_eq!(b.code, Some(0), "{b}");
+    a.release();
+    let a = a.finish();
+    assert_eq!(a.code, Some(0), "{a}");
+    assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
+    assert_eq!(a.line("check 1"), "check 1 ok", "{a}");
+    assert!(a.stderr.contains("unparked 512MiB"), "{a}");
+}
+
+/// A tenant holding memory that cannot move (a pitched allocation) is not parked: the other
+/// tenant's allocation fails as it would without parking, and the status says why.
+#[test]
+fn privileged_a_pinned_tenant_is_not_parked_and_status_says_why() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkpin");
+    let _agent = w.agent();
+    let a_cg = Cgroup::new("parkpin-a");
+    let b_cg = Cgroup::new("parkpin-b");
+    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+    w.set_limit(&b_cg, "1500MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &[
+            "alloc", "256MiB", "alloc-api", "pitch", "256MiB", "launch", "1", "empty", "hold",
+        ],
+    );
+    a.expect("ready");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut b = w.load(
+        &b_cg,
+        &SIM,
+        &["alloc", "512MiB", "alloc", "512MiB", "hold"],
+    );
+    b.expect("ready");
+    let allocs = allocs(&b.lines);
+    assert_eq!(allocs[0], Ok(512 << 20), "{:?}", b.lines);
+    assert_eq!(allocs[1], Err(2), "out of memory, as without parking: {:?}", b.lines);
+    let r = row(&w, &a_cg);
+    assert_eq!(r["parked_bytes"], 0, "{r}");
+    let pins = r["park_pinned"].to_string();
+    assert!(pins.contains("pitched allocations"), "{r}");
+    let (ok, text) = w.fgpu(&["status"]);
+    assert!(ok && text.contains("not parkable: pitched allocations"), "{text}");
+}
+
+/// A tenant that keeps launching is never idle for its park-after: it is not parked, and the
+/// other's allocation fails.
+#[test]
+fn privileged_a_busy_tenant_is_not_parked() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkbusy");
+    let _agent = w.agent();
+    let a_cg = Cgroup::new("parkbusy-a");
+    let b_cg = Cgroup::new("parkbusy-b");
+    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+    w.set_limit(&b_cg, "1500MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &[
+            "alloc", "512MiB", "hold", "launch-for", "4000", "sleep_1000us", "fill", "0", "3",
+            "check", "0", "3",
+        ],
+    );
+    a.expect("ready");
+    a.release();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut b = w.load(
+        &b_cg,
+        &SIM,
+        &["alloc", "512MiB", "alloc", "512MiB", "hold"],
+    );
+    b.expect("ready");
+    let allocs = allocs(&b.lines);
+    assert_eq!(allocs[1], Err(2), "{:?}", b.lines);
+    assert_eq!(row(&w, &a_cg)["parks"], 0);
+    let a = a.finish();
+    assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
+}
