@@ -76,9 +76,9 @@ static TABLE_FULL_WARNED: AtomicBool = AtomicBool::new(false);
 /// What the accounting calls back up into, registered by lib.rs at load time.
 pub struct AccountHooks {
     /// Before a CUDA reservation on device `ord` (ledger record `idx`), whether it comes near
-    /// the limit: crate::context refreshes the measured context overhead.
+    /// the limit: crate::cuda::context refreshes the measured context overhead.
     pub before_reserve: fn(CUdevice, usize, bool),
-    /// A pool allocation's bytes came back to its pool (`pool`, `bytes`; crate::pool).
+    /// A pool allocation's bytes came back to its pool (`pool`, `bytes`; crate::cuda::pool).
     pub pool_returned: fn(u64, u64),
 }
 

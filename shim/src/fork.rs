@@ -5,7 +5,7 @@
 extern "C" fn child() {
     crate::ledger_file::after_fork_child();
     crate::account::reset_in_child();
-    crate::context::reset_in_child();
+    crate::cuda::context::reset_in_child();
     crate::gate::after_fork_child();
 }
 

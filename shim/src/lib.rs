@@ -8,40 +8,32 @@
 //! and the processes of the container share one ledger file in shared memory. Without either,
 //! or without a driver, the shim passes everything through untouched.
 //!
-//! - [`dlsym`]: `dlsym` interposition; [`gpa`]: `cuGetProcAddress(_v2)` wrappers and the
-//!   table of wrapped entry points; [`real`]: the real driver entry points.
-//! - [`alloc`], [`pool`], [`vmm`], [`array`]: allocation and free paths; [`account`]: the
+//! - [`dlsym`]: `dlsym` interposition; [`real`]: the real driver entry points.
+//! - [`cuda`]: CUDA's and NVML's wrappers (allocation and free paths, memory pools, VMM,
+//!   arrays, context overhead, memory-info answers, the launch entry points,
+//!   `cuGetProcAddress(_v2)` and the table of wrapped entry points); [`account`]: the
 //!   accounting they share; [`table`]: per-process pointer/handle tables.
-//! - [`context`]: context overhead; [`meminfo`], [`nvml`]: memory-info answers.
 //! - [`ledger_file`]: where the ledger comes from (the agent, the standalone file) and process
 //!   slots; [`agent_link`]: the agent connection (Hello, the two memfds, reconnects); [`fork`];
 //!   [`config`]; [`log`].
-//! - [`launch`]: the launch entry points (compute shares); [`gate`]: the launch gate that
-//!   admits GPU work by turns or measured GPU time (docs/compute.md); [`hook`]: inline hooks
-//!   on the driver's launch entry points, for launches that bypass symbol lookup.
+//! - [`gate`]: the launch gate that admits GPU work by turns or measured GPU time
+//!   (docs/compute.md); [`hook`]: inline hooks on the driver's launch entry points, for
+//!   launches that bypass symbol lookup.
 //! - [`hip`]: the same limits for AMD's HIP runtime and ROCm SMI (docs/amd.md).
 
 mod account;
 mod agent_link;
-mod alloc;
-mod array;
 mod config;
-mod context;
+mod cuda;
 mod dlsym;
 mod fork;
 mod gate;
-mod gpa;
 mod hip;
 mod hook;
-mod launch;
 mod ledger_file;
 mod log;
-mod meminfo;
-mod nvml;
-mod pool;
 mod real;
 mod table;
-mod vmm;
 
 /// Runs when the library is loaded: registers what lower modules call back up (the launch
 /// hooks' installation, the fast-path publish, HIP's gate table, the gate's hooks for the
@@ -64,13 +56,13 @@ extern "C" fn init() {
 /// Installs the inline hooks on the driver's launch entry points (crate::hook), after every
 /// resolution of CUDA's entry points (they are installed once).
 fn install_launch_hooks() {
-    hook::install(&launch::hook_entries());
+    hook::install(&cuda::launch::hook_entries());
 }
 
 /// Publishes the launch entry points' fast paths, CUDA's and HIP's, when the gate switches
 /// (`open`: no launch is gated).
 fn publish_fast_paths(open: bool) {
-    launch::publish(open);
+    cuda::launch::publish(open);
     hip::launch::publish(open);
 }
 
@@ -82,8 +74,8 @@ static GATE_HOOKS: agent_link::GateHooks = agent_link::GateHooks {
 
 /// What the accounting calls back up into.
 static ACCOUNT_HOOKS: account::AccountHooks = account::AccountHooks {
-    before_reserve: context::maybe_refresh_overhead,
-    pool_returned: pool::returned,
+    before_reserve: cuda::context::maybe_refresh_overhead,
+    pool_returned: cuda::pool::returned,
 };
 
 #[used]

@@ -259,7 +259,7 @@ fn scan_ledger() {
     publish(!on);
 }
 
-/// Publishes the launch entry points' fast paths (crate::launch, crate::hip::launch): a
+/// Publishes the launch entry points' fast paths (crate::cuda::launch, crate::hip::launch): a
 /// `fn(bool)` that lib.rs registers at load time; 0 until then.
 static PUBLISH: AtomicUsize = AtomicUsize::new(0);
 

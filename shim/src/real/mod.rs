@@ -207,7 +207,7 @@ syms! {
         fn(*mut Handle, CUdevice) -> CUresult;
     CU_DEVICE_PRIMARY_CTX_RELEASE Cuda c"cuDevicePrimaryCtxRelease_v2": fn(CUdevice) -> CUresult;
     CU_DEVICE_PRIMARY_CTX_RESET Cuda c"cuDevicePrimaryCtxReset_v2": fn(CUdevice) -> CUresult;
-    // Launches (compute shares, crate::launch); `_ptsz` variants are separate entries.
+    // Launches (compute shares, crate::cuda::launch); `_ptsz` variants are separate entries.
     CU_LAUNCH_KERNEL Cuda c"cuLaunchKernel": fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint,
         c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void) -> CUresult;
     CU_LAUNCH_KERNEL_PTSZ Cuda c"cuLaunchKernel_ptsz": fn(Handle, c_uint, c_uint, c_uint, c_uint,

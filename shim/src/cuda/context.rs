@@ -19,11 +19,11 @@
 
 #![allow(non_snake_case)]
 
+use super::nvml;
 use crate::account::{self, MANAGED, dev_index, uuid_of_ordinal};
 use crate::config::{self, MAX_ORDINALS};
 use crate::ledger_file::{self, now_ms};
 use crate::log::{debug, info};
-use crate::nvml;
 use crate::real::real_or_3;
 use crate::real::{self, CUdevice, CUresult, Handle};
 use fgpu_common::quantity::Size;

@@ -3,7 +3,7 @@
 //! total = min(limit, physical); used = the container's usage in the ledger (all its
 //! processes, context overhead included); free = min(physical free, max(0, total − used)).
 //! The driver's own answer comes first: its errors pass through unchanged, and nothing here
-//! ever fails because usage is over the limit. (NVML's answers are in [`crate::nvml`].)
+//! ever fails because usage is over the limit. (NVML's answers are in [`super::nvml`].)
 
 #![allow(non_snake_case)]
 
@@ -37,7 +37,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         return rc;
     }
     ledger_file::sweep_if_due();
-    crate::context::maybe_refresh_overhead(ord, idx, false);
+    super::context::maybe_refresh_overhead(ord, idx, false);
     // SAFETY: the caller's out-pointers, just written by the driver.
     let (pf, pt) = unsafe { (free.read_unaligned() as u64, total.read_unaligned() as u64) };
     account::check_limit_vs_device(limit, pt, ord);

@@ -6,7 +6,7 @@
 //! rounded up to the 2 MiB large-page size arrays are laid out in; a mipmapped array with more
 //! than one level charges 4/3 of its first level (the geometric sum of 2D levels), rounded
 //! the same way. Unknown formats count 8 bytes per channel. The context-overhead correction
-//! from NVML's per-process figure (see [`crate::context`]) picks up any difference on real
+//! from NVML's per-process figure (see [`super::context`]) picks up any difference on real
 //! drivers.
 
 #![allow(non_snake_case)]
