@@ -6,7 +6,7 @@
 //! across a driver call.
 
 use crate::config::{self, MAX_ORDINALS};
-use crate::ledger_file;
+use crate::ledger;
 use crate::log::{debug, warning};
 use crate::real::{self, CUdevice};
 use crate::table::{Entry, Table};
@@ -176,8 +176,8 @@ fn try_reserve(l: &Ledger, idx: usize, slot: usize, bytes: u64, lim: u64) -> Res
         // Only the kernel's view refuses: it may predate frees made just now (a framework
         // that frees its cache and retries at once). Give it one publication to catch up;
         // this is the denial path, never the fast path, and no lock is held.
-        let deadline = ledger_file::now_ms() + KERNEL_LAG_MS;
-        while over(kernel) && ledger_file::now_ms() < deadline {
+        let deadline = crate::sys::now_ms() + KERNEL_LAG_MS;
+        while over(kernel) && crate::sys::now_ms() < deadline {
             // SAFETY: plain sleep.
             unsafe { libc::usleep(2000) };
             kernel = kernel_used.load(SeqCst);
@@ -213,8 +213,8 @@ pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Ch
     let Some(ord) = ord else {
         return Ok(None);
     };
-    crate::agent_link::tick();
-    let Some((l, slot)) = ledger_file::get() else {
+    crate::ledger::tick();
+    let Some((l, slot)) = ledger::get() else {
         return Ok(None);
     };
     let Some(idx) = dev_index(l, ord) else {
@@ -247,7 +247,7 @@ pub fn reserve_at(
     let near = used(l, idx).saturating_add(bytes) >= lim - lim / 10;
     refresh(near);
     let mut r = try_reserve(l, idx, slot, bytes, lim);
-    if r.is_err() && ledger_file::sweep() > 0 {
+    if r.is_err() && ledger::sweep() > 0 {
         r = try_reserve(l, idx, slot, bytes, lim);
     }
     match r {
@@ -293,7 +293,7 @@ pub fn release(idx: usize, bytes: u64) {
     if bytes == 0 {
         return;
     }
-    if let Some((l, slot)) = ledger_file::get() {
+    if let Some((l, slot)) = ledger::get() {
         l.release(idx, slot, bytes);
     }
 }
@@ -331,7 +331,7 @@ pub fn release_entry(e: &Entry) {
 
 /// The context on `ord` was destroyed: everything this process had there is gone.
 pub fn drop_device(ord: CUdevice) {
-    let Some((l, slot)) = ledger_file::get() else {
+    let Some((l, slot)) = ledger::get() else {
         return;
     };
     let Some(idx) = dev_index(l, ord) else {

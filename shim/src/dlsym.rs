@@ -56,7 +56,7 @@ extern "C" fn rtld_next_lookup(name: *const c_char) -> *mut c_void {
             std::ptr::null_mut()
         };
     }
-    if !crate::ledger_file::active() && !is_gpa(n) {
+    if !crate::ledger::active() && !is_gpa(n) {
         return std::ptr::null_mut();
     }
     match crate::cuda::gpa::wrapper_by_name(n).or_else(|| crate::hip::wrapper_by_name(n)) {
@@ -90,7 +90,7 @@ extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
             },
         },
     };
-    let enforce = || always || crate::ledger_file::active();
+    let enforce = || always || crate::ledger::active();
     let pu = p as usize;
     if pu == wrapper {
         // Our own export (RTLD_DEFAULT or a handle of the main program): only meaningful

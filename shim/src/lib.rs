@@ -13,9 +13,9 @@
 //!   arrays, context overhead, memory-info answers, the launch entry points,
 //!   `cuGetProcAddress(_v2)` and the table of wrapped entry points); [`account`]: the
 //!   accounting they share; [`table`]: per-process pointer/handle tables.
-//! - [`ledger_file`]: where the ledger comes from (the agent, the standalone file) and process
-//!   slots; [`agent_link`]: the agent connection (Hello, the two memfds, reconnects); [`fork`];
-//!   [`config`]; [`log`].
+//! - [`ledger`]: where the ledger comes from (the agent, the standalone file), this process's
+//!   slot, migration after an agent restart; [`agent_link`]: the agent connection (Hello, the
+//!   two memfds, reconnects); [`fork`]; [`config`]; [`log`]; [`sys`].
 //! - [`gate`]: the launch gate that admits GPU work by turns or measured GPU time
 //!   (docs/compute.md); [`hook`]: inline hooks on the driver's launch entry points, for
 //!   launches that bypass symbol lookup.
@@ -30,9 +30,10 @@ mod fork;
 mod gate;
 mod hip;
 mod hook;
-mod ledger_file;
+mod ledger;
 mod log;
 mod real;
+mod sys;
 mod table;
 
 /// Runs when the library is loaded: registers what lower modules call back up (the launch

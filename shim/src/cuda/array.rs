@@ -12,7 +12,7 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, ARRAYS, Kind, current_ordinal, meta, reserve};
-use crate::ledger_file;
+use crate::ledger;
 use crate::real::{
     self, Array3dDescriptor, ArrayDescriptor, CUDA_ERROR_OUT_OF_MEMORY, CUresult, Handle,
 };
@@ -56,7 +56,7 @@ pub fn footprint(
 }
 
 fn create(api: &str, out: *mut Handle, bytes: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    if !ledger_file::active() || out.is_null() {
+    if !ledger::active() || out.is_null() {
         return call();
     }
     let charge = match reserve(api, current_ordinal(), bytes) {
@@ -76,7 +76,7 @@ fn create(api: &str, out: *mut Handle, bytes: u64, call: impl FnOnce() -> CUresu
 }
 
 fn destroy(h: Handle, call: impl FnOnce() -> CUresult) -> CUresult {
-    if !ledger_file::active() {
+    if !ledger::active() {
         return call();
     }
     let e = ARRAYS.remove(h as u64);

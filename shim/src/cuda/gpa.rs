@@ -91,7 +91,7 @@ fn substitute(pfn: *mut *mut c_void) {
     }
     let w = match super::launch::wrapper_by_real(p) {
         Some(w) => Some(w),
-        None if crate::ledger_file::active() => wrapper_by_real(p),
+        None if crate::ledger::active() => wrapper_by_real(p),
         None => None,
     };
     if let Some(w) = w {

@@ -31,7 +31,7 @@ use std::sync::atomic::{
     Ordering::Release,
 };
 
-use crate::ledger_file;
+use crate::ledger;
 use crate::log::{error, info, warning};
 use crate::real::{CUresult, Handle};
 use budget::M_OFF;
@@ -196,7 +196,7 @@ const WATCH_DRAIN: std::time::Duration = std::time::Duration::from_micros(200);
 /// controller bumps the turn's word at every change, and the watcher sleeps on it.
 /// Not restarted in forked children (they notice at their next allocation).
 fn start_watcher() {
-    if !ledger_file::current().2 {
+    if !ledger::current().2 {
         return;
     }
     let spawned = std::thread::Builder::new()
@@ -247,8 +247,8 @@ pub fn parse_share(v: &str) -> Result<u32, String> {
 /// gate on or off.
 fn scan_ledger() {
     let mut gated = false;
-    if crate::ledger_file::active()
-        && let Some((l, _)) = ledger_file::get()
+    if crate::ledger::active()
+        && let Some((l, _)) = ledger::get()
     {
         SEEN_GENERATION.store(l.limits.generation.load(Acquire), Relaxed);
         gated = (0..MAX_DEVICES).any(|i| budget::ledger_setting(l, i).0);
@@ -285,7 +285,7 @@ static SEEN_GENERATION: AtomicU64 = AtomicU64::new(u64::MAX);
 /// agent bumps `generation` after every change): one load when nothing changed. Called by
 /// the gated launch path and the agent link's periodic check.
 pub fn check_generation() {
-    if let Some((l, _)) = ledger_file::get() {
+    if let Some((l, _)) = ledger::get() {
         let g = l.limits.generation.load(Acquire);
         let seen = SEEN_GENERATION.load(Relaxed);
         if g != seen && seen != u64::MAX {

@@ -29,7 +29,7 @@ pub mod vmm;
 
 use crate::account::{self, Charge};
 use crate::config::MAX_ORDINALS;
-use crate::ledger_file;
+use crate::ledger;
 use crate::real::hip as real;
 use fgpu_common::ledger::Denied;
 use fgpu_common::ledger::Ledger;
@@ -57,7 +57,7 @@ pub fn off() -> bool {
 
 /// Whether HIP calls are accounted: the shim is active and `FGPU_HIP` is not `off`.
 pub fn enabled() -> bool {
-    !off() && crate::ledger_file::active()
+    !off() && crate::ledger::active()
 }
 
 /// Whether this thread is inside one of our HIP wrappers (a HIP call arriving now is the
@@ -137,7 +137,7 @@ fn charge_context(idx: usize) {
     if CONTEXT_CHARGED.fetch_or(1 << idx, SeqCst) & (1 << idx) != 0 {
         return;
     }
-    if let Some((l, slot)) = ledger_file::get() {
+    if let Some((l, slot)) = ledger::get() {
         l.charge(idx, slot, n);
         l.slots[slot].overhead[idx].fetch_add(n, SeqCst);
     }
@@ -149,8 +149,8 @@ pub fn reserve(api: &str, ord: Option<c_int>, bytes: u64) -> Result<Option<Charg
     let Some(ord) = ord.or_else(current_ordinal) else {
         return Ok(None);
     };
-    crate::agent_link::tick();
-    let Some((l, slot)) = ledger_file::get() else {
+    crate::ledger::tick();
+    let Some((l, slot)) = ledger::get() else {
         return Ok(None);
     };
     let Some(idx) = dev_index(l, ord) else {
