@@ -9,13 +9,11 @@ use crate::config::{self, MAX_ORDINALS};
 use crate::ledger;
 use crate::log::{debug, warning};
 use crate::real::{self, CUdevice};
+use crate::registered::Registered;
 use crate::table::{Entry, Table};
 use fgpu_common::ledger::{Denied, Ledger, MAX_DEVICES};
 use fgpu_common::quantity::Size;
-use std::sync::atomic::{
-    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Release,
-    Ordering::SeqCst,
-};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 
 /// What a table entry is (low 8 bits of `Entry::meta`; then ledger device << 8, CUDA ordinal
 /// << 16).
@@ -82,18 +80,16 @@ pub struct AccountHooks {
     pub pool_returned: fn(u64, u64),
 }
 
-/// The hooks (null until registered).
-static HOOKS: AtomicPtr<AccountHooks> = AtomicPtr::new(std::ptr::null_mut());
+/// The hooks (none until registered).
+static HOOKS: Registered<AccountHooks> = Registered::new();
 
 /// Registers the hooks; called once, by the library's constructor.
 pub fn register_hooks(hooks: &'static AccountHooks) {
-    HOOKS.store(std::ptr::from_ref(hooks).cast_mut(), Release);
+    HOOKS.set(hooks);
 }
 
 fn hooks() -> Option<&'static AccountHooks> {
-    let p = HOOKS.load(Acquire);
-    // SAFETY: only register_hooks stores here, a pointer from a `&'static AccountHooks`.
-    (!p.is_null()).then(|| unsafe { &*p })
+    HOOKS.get()
 }
 
 /// What one reservation charged.

@@ -15,7 +15,8 @@
 //!   accounting they share; [`table`]: per-process pointer/handle tables.
 //! - [`ledger`]: where the ledger comes from (the agent, the standalone file), this process's
 //!   slot, migration after an agent restart; [`agent_link`]: the agent connection (Hello, the
-//!   two memfds, reconnects); [`fork`]; [`config`]; [`log`]; [`sys`].
+//!   two memfds, reconnects); [`fork`]; [`config`]; [`log`]; [`sys`]; [`registered`]: what
+//!   lower modules call back up into.
 //! - [`gate`]: the launch gate that admits GPU work by turns or measured GPU time
 //!   (docs/compute.md); [`hook`]: inline hooks on the driver's launch entry points, for
 //!   launches that bypass symbol lookup.
@@ -33,19 +34,20 @@ mod hook;
 mod ledger;
 mod log;
 mod real;
+mod registered;
 mod sys;
 mod table;
 
 /// Runs when the library is loaded: registers what lower modules call back up (the launch
 /// hooks' installation, the fast-path publish, HIP's gate table, the gate's hooks for the
-/// agent link, the accounting's hooks into context and pool: plain `fn` pointers and static
-/// tables, stored in atomics before anything is resolved), resolves pointers only (the real
-/// `dlsym`, and the driver libraries if they are already loaded) and registers the fork
-/// handler. Everything else happens lazily at the first call that needs it.
+/// agent link, the accounting's hooks into context and pool: static `fn` pointers and tables,
+/// each in a [`registered::Registered`], before anything is resolved), resolves pointers only
+/// (the real `dlsym`, and the driver libraries if they are already loaded) and registers the
+/// fork handler. Everything else happens lazily at the first call that needs it.
 extern "C" fn init() {
     real::dl::ensure_real();
-    real::after_cuda_resolved(install_launch_hooks);
-    gate::on_publish(publish_fast_paths);
+    real::after_cuda_resolved(&INSTALL_LAUNCH_HOOKS);
+    gate::on_publish(&PUBLISH_FAST_PATHS);
     gate::register_hip(&hip::GATE_API);
     agent_link::register_gate(&GATE_HOOKS);
     account::register_hooks(&ACCOUNT_HOOKS);
@@ -56,12 +58,16 @@ extern "C" fn init() {
 
 /// Installs the inline hooks on the driver's launch entry points (crate::hook), after every
 /// resolution of CUDA's entry points (they are installed once).
+static INSTALL_LAUNCH_HOOKS: fn() = install_launch_hooks;
+
 fn install_launch_hooks() {
     hook::install(&cuda::launch::hook_entries());
 }
 
 /// Publishes the launch entry points' fast paths, CUDA's and HIP's, when the gate switches
 /// (`open`: no launch is gated).
+static PUBLISH_FAST_PATHS: fn(bool) = publish_fast_paths;
+
 fn publish_fast_paths(open: bool) {
     cuda::launch::publish(open);
     hip::launch::publish(open);

@@ -28,12 +28,10 @@ pub use hello::{HelloError, Reply};
 
 use crate::config;
 use crate::log::{debug, info, warning};
+use crate::registered::Registered;
 use crate::sys::{now_ms, reopen_own};
 
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU64, Ordering::Acquire, Ordering::Release,
-    Ordering::SeqCst,
-};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering::SeqCst};
 
 /// `FGPU_AGENT=required`: how long the shim keeps trying at start.
 pub const REQUIRED_WAIT_MS: u64 = 10_000;
@@ -61,18 +59,12 @@ pub struct GateHooks {
     pub check_generation: fn(),
 }
 
-/// The gate's hooks (null until registered).
-static GATE: AtomicPtr<GateHooks> = AtomicPtr::new(std::ptr::null_mut());
+/// The gate's hooks (none until registered).
+static GATE: Registered<GateHooks> = Registered::new();
 
 /// Registers the gate's hooks; called once, by the library's constructor.
 pub fn register_gate(hooks: &'static GateHooks) {
-    GATE.store(std::ptr::from_ref(hooks).cast_mut(), Release);
-}
-
-fn gate() -> Option<&'static GateHooks> {
-    let p = GATE.load(Acquire);
-    // SAFETY: only register_gate stores here, a pointer from a `&'static GateHooks`.
-    (!p.is_null()).then(|| unsafe { &*p })
+    GATE.set(hooks);
 }
 
 fn stat(fd: i32) -> Option<libc::stat> {
@@ -200,7 +192,7 @@ pub fn check() -> Option<bool> {
 /// compute share set or changed since it last looked.
 pub fn check_done() {
     BUSY.store(false, SeqCst);
-    if let Some(g) = gate() {
+    if let Some(g) = GATE.get() {
         (g.check_generation)();
     }
 }
@@ -238,7 +230,7 @@ pub fn reconnected(reply: Reply) {
     }
     LINK.store(UP, SeqCst);
     LOST_WARNED.store(false, SeqCst);
-    if let Some(g) = gate() {
+    if let Some(g) = GATE.get() {
         (g.ledger_changed)();
     }
     info!(

@@ -11,14 +11,14 @@
 //! ([`device`]: `MAX_ORDINALS` + HIP ordinal), bound to ledger records by HIP UUID.
 
 use std::ffi::{c_int, c_uint};
-use std::sync::atomic::AtomicPtr;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::Relaxed;
 
 use super::STATS;
 use super::profile::{Call, timed};
 use crate::config::MAX_ORDINALS;
 use crate::real::hip;
 use crate::real::{self, CUresult, Handle, Sym};
+use crate::registered::Registered;
 use fgpu_common::ledger::Ledger;
 
 pub const CUDA_SUCCESS: CUresult = 0;
@@ -52,23 +52,19 @@ static CUDA_API: GateApi = GateApi {
     dev_index: crate::account::dev_index,
 };
 
-/// HIP's table (null until registered).
-static HIP_API: AtomicPtr<GateApi> = AtomicPtr::new(std::ptr::null_mut());
+/// HIP's table (none until registered).
+static HIP_API: Registered<GateApi> = Registered::new();
 
 /// Registers HIP's table; called once, by the library's constructor.
 pub fn register_hip(api: &'static GateApi) {
-    HIP_API.store(std::ptr::from_ref(api).cast_mut(), Release);
+    HIP_API.set(api);
 }
 
 /// `api`'s table (None: HIP's, not registered yet).
 fn table(api: Api) -> Option<&'static GateApi> {
     match api {
         Api::Cuda => Some(&CUDA_API),
-        Api::Hip => {
-            let p = HIP_API.load(Acquire);
-            // SAFETY: only register_hip stores here, a pointer from a `&'static GateApi`.
-            (!p.is_null()).then(|| unsafe { &*p })
-        }
+        Api::Hip => HIP_API.get(),
     }
 }
 

@@ -27,13 +27,13 @@ mod tuning;
 
 use std::sync::Once;
 use std::sync::atomic::{
-    AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed,
-    Ordering::Release,
+    AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed,
 };
 
 use crate::ledger;
 use crate::log::{error, info, warning};
 use crate::real::{CUresult, Handle};
+use crate::registered::Registered;
 use budget::M_OFF;
 use driver::CUDA_SUCCESS;
 pub use driver::{Api, GateApi, register_hip};
@@ -260,20 +260,17 @@ fn scan_ledger() {
 }
 
 /// Publishes the launch entry points' fast paths (crate::cuda::launch, crate::hip::launch): a
-/// `fn(bool)` that lib.rs registers at load time; 0 until then.
-static PUBLISH: AtomicUsize = AtomicUsize::new(0);
+/// `fn(bool)` that lib.rs registers at load time; none until then.
+static PUBLISH: Registered<fn(bool)> = Registered::new();
 
 /// Registers `f` to publish the launch entry points' fast paths (`open`: no launch is gated);
 /// called once, by the library's constructor.
-pub fn on_publish(f: fn(bool)) {
-    PUBLISH.store(f as usize, Release);
+pub fn on_publish(f: &'static fn(bool)) {
+    PUBLISH.set(f);
 }
 
 fn publish(open: bool) {
-    let f = PUBLISH.load(Acquire);
-    if f != 0 {
-        // SAFETY: only on_publish stores here, and it stores a `fn(bool)`.
-        let f = unsafe { std::mem::transmute::<usize, fn(bool)>(f) };
+    if let Some(f) = PUBLISH.get() {
         f(open);
     }
 }
