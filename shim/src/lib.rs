@@ -39,16 +39,17 @@ mod sys;
 mod table;
 
 /// Runs when the library is loaded: registers what lower modules call back up (the launch
-/// hooks' installation, the fast-path publish, HIP's gate table, the gate's hooks for the
-/// agent link, the accounting's hooks into context and pool: static `fn` pointers and tables,
-/// each in a [`registered::Registered`], before anything is resolved), resolves pointers only
-/// (the real `dlsym`, and the driver libraries if they are already loaded) and registers the
-/// fork handler. Everything else happens lazily at the first call that needs it.
+/// hooks' installation, the fast-path publish, CUDA's and HIP's gate tables, the gate's hooks
+/// for the agent link, the accounting's hooks into context and pool: static `fn` pointers and
+/// tables, each in a [`registered::Registered`], before anything is resolved), resolves
+/// pointers only (the real `dlsym`, and the driver libraries if they are already loaded) and
+/// registers the fork handler. Everything else happens lazily at the first call that needs it.
 extern "C" fn init() {
     real::dl::ensure_real();
     real::after_cuda_resolved(&INSTALL_LAUNCH_HOOKS);
     gate::on_publish(&PUBLISH_FAST_PATHS);
-    gate::register_hip(&hip::GATE_API);
+    gate::register_api(gate::Api::Cuda, &cuda::GATE_API);
+    gate::register_api(gate::Api::Hip, &hip::GATE_API);
     agent_link::register_gate(&GATE_HOOKS);
     account::register_hooks(&ACCOUNT_HOOKS);
     real::resolve(real::Lib::Cuda, false);

@@ -49,8 +49,8 @@ pub const SHIM: Crate = Crate {
         // The accounting core (its hooks into cuda's context and pool are registered by
         // lib.rs).
         &["account"],
-        // The launch gate (HIP's GateApi table and its hooks for the agent link are
-        // registered by lib.rs).
+        // The launch gate (CUDA's and HIP's GateApi tables and its hooks for the agent link
+        // are registered by lib.rs).
         &["gate"],
         // CUDA's and NVML's wrappers over the accounting, and the launch entry points over
         // the gate; cuGetProcAddress and the table of every wrapper.

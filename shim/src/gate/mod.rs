@@ -36,7 +36,7 @@ use crate::real::{CUresult, Handle};
 use crate::registered::Registered;
 use budget::M_OFF;
 use driver::CUDA_SUCCESS;
-pub use driver::{Api, GateApi, register_hip};
+pub use driver::{Api, Contexts, GateApi, register_api};
 use fgpu_common::ledger::MAX_DEVICES;
 
 /// A batch closes once this much host time has passed since its first launch...

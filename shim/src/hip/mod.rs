@@ -90,6 +90,17 @@ pub fn guarded<R>(direct: impl FnOnce() -> R, accounted: impl FnOnce() -> R) -> 
 pub static GATE_API: crate::gate::GateApi = crate::gate::GateApi {
     current_ordinal,
     dev_index,
+    stream_is_capturing: &real::HIP_STREAM_IS_CAPTURING,
+    exchange_capture_mode: &real::HIP_THREAD_EXCHANGE_STREAM_CAPTURE_MODE,
+    event_create: &real::HIP_EVENT_CREATE_WITH_FLAGS,
+    event_destroy: &real::HIP_EVENT_DESTROY,
+    event_record: &real::HIP_EVENT_RECORD,
+    event_query: &real::HIP_EVENT_QUERY,
+    event_elapsed_time: &[&real::HIP_EVENT_ELAPSED_TIME],
+    stream_query: &real::HIP_STREAM_QUERY,
+    context: crate::gate::Contexts::Device {
+        set_device: &real::HIP_SET_DEVICE,
+    },
 };
 
 /// The calling thread's current HIP device.
