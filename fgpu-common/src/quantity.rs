@@ -24,7 +24,9 @@ pub enum QuantityError {
     TooLarge(String),
     #[error("'{0}' is not a percentage: expected 0-100, e.g. 30% or 30")]
     NotAPercent(String),
-    #[error("'{0}' is not a duration: expected a whole number with ms, s, m or h, e.g. 30s or 500ms")]
+    #[error(
+        "'{0}' is not a duration: expected a whole number with ms, s, m or h, e.g. 30s or 500ms"
+    )]
     NotADuration(String),
 }
 

@@ -6,16 +6,14 @@
 //! across a driver call.
 
 use crate::config::{self, MAX_ORDINALS};
-use crate::ledger_file;
+use crate::ledger;
 use crate::log::{debug, warning};
 use crate::real::{self, CUdevice};
+use crate::registered::Registered;
 use crate::table::{Entry, Table};
 use fgpu_common::ledger::{Denied, Ledger, MAX_DEVICES};
 use fgpu_common::quantity::Size;
-use std::sync::atomic::{
-    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Release,
-    Ordering::SeqCst,
-};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 
 /// What a table entry is (low 8 bits of `Entry::meta`; then ledger device << 8, CUDA ordinal
 /// << 16).
@@ -76,24 +74,22 @@ static TABLE_FULL_WARNED: AtomicBool = AtomicBool::new(false);
 /// What the accounting calls back up into, registered by lib.rs at load time.
 pub struct AccountHooks {
     /// Before a CUDA reservation on device `ord` (ledger record `idx`), whether it comes near
-    /// the limit: crate::context refreshes the measured context overhead.
+    /// the limit: crate::cuda::context refreshes the measured context overhead.
     pub before_reserve: fn(CUdevice, usize, bool),
-    /// A pool allocation's bytes came back to its pool (`pool`, `bytes`; crate::pool).
+    /// A pool allocation's bytes came back to its pool (`pool`, `bytes`; crate::cuda::pool).
     pub pool_returned: fn(u64, u64),
 }
 
-/// The hooks (null until registered).
-static HOOKS: AtomicPtr<AccountHooks> = AtomicPtr::new(std::ptr::null_mut());
+/// The hooks (none until registered).
+static HOOKS: Registered<AccountHooks> = Registered::new();
 
 /// Registers the hooks; called once, by the library's constructor.
 pub fn register_hooks(hooks: &'static AccountHooks) {
-    HOOKS.store(std::ptr::from_ref(hooks).cast_mut(), Release);
+    HOOKS.set(hooks);
 }
 
 fn hooks() -> Option<&'static AccountHooks> {
-    let p = HOOKS.load(Acquire);
-    // SAFETY: only register_hooks stores here, a pointer from a `&'static AccountHooks`.
-    (!p.is_null()).then(|| unsafe { &*p })
+    HOOKS.get()
 }
 
 /// What one reservation charged.
@@ -176,8 +172,8 @@ fn try_reserve(l: &Ledger, idx: usize, slot: usize, bytes: u64, lim: u64) -> Res
         // Only the kernel's view refuses: it may predate frees made just now (a framework
         // that frees its cache and retries at once). Give it one publication to catch up;
         // this is the denial path, never the fast path, and no lock is held.
-        let deadline = ledger_file::now_ms() + KERNEL_LAG_MS;
-        while over(kernel) && ledger_file::now_ms() < deadline {
+        let deadline = crate::sys::now_ms() + KERNEL_LAG_MS;
+        while over(kernel) && crate::sys::now_ms() < deadline {
             // SAFETY: plain sleep.
             unsafe { libc::usleep(2000) };
             kernel = kernel_used.load(SeqCst);
@@ -213,8 +209,8 @@ pub fn reserve(api: &str, ord: Option<CUdevice>, bytes: u64) -> Result<Option<Ch
     let Some(ord) = ord else {
         return Ok(None);
     };
-    crate::agent_link::tick();
-    let Some((l, slot)) = ledger_file::get() else {
+    crate::ledger::tick();
+    let Some((l, slot)) = ledger::get() else {
         return Ok(None);
     };
     let Some(idx) = dev_index(l, ord) else {
@@ -247,7 +243,7 @@ pub fn reserve_at(
     let near = used(l, idx).saturating_add(bytes) >= lim - lim / 10;
     refresh(near);
     let mut r = try_reserve(l, idx, slot, bytes, lim);
-    if r.is_err() && ledger_file::sweep() > 0 {
+    if r.is_err() && ledger::sweep() > 0 {
         r = try_reserve(l, idx, slot, bytes, lim);
     }
     match r {
@@ -293,7 +289,7 @@ pub fn release(idx: usize, bytes: u64) {
     if bytes == 0 {
         return;
     }
-    if let Some((l, slot)) = ledger_file::get() {
+    if let Some((l, slot)) = ledger::get() {
         l.release(idx, slot, bytes);
     }
 }
@@ -331,7 +327,7 @@ pub fn release_entry(e: &Entry) {
 
 /// The context on `ord` was destroyed: everything this process had there is gone.
 pub fn drop_device(ord: CUdevice) {
-    let Some((l, slot)) = ledger_file::get() else {
+    let Some((l, slot)) = ledger::get() else {
         return;
     };
     let Some(idx) = dev_index(l, ord) else {

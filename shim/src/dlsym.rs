@@ -47,7 +47,7 @@ extern "C" fn rtld_next_lookup(name: *const c_char) -> *mut c_void {
         return std::ptr::null_mut();
     }
     if let Some((wrapper, raw)) =
-        crate::launch::wrapper_by_name(n).or_else(|| crate::hip::launch::wrapper_by_name(n))
+        crate::cuda::launch::wrapper_by_name(n).or_else(|| crate::hip::launch::wrapper_by_name(n))
     {
         // Launch entry points: always ours (one atomic load while nothing is gated).
         return if raw.addr() != 0 {
@@ -56,11 +56,11 @@ extern "C" fn rtld_next_lookup(name: *const c_char) -> *mut c_void {
             std::ptr::null_mut()
         };
     }
-    if !crate::ledger_file::active() && !is_gpa(n) {
+    if !crate::ledger::active() && !is_gpa(n) {
         return std::ptr::null_mut();
     }
-    match crate::gpa::wrapper_by_name(n)
-        .or_else(|| crate::park::copies::wrapper_by_name(n))
+    match crate::cuda::gpa::wrapper_by_name(n)
+        .or_else(|| crate::cuda::copies::wrapper_by_name(n))
         .or_else(|| crate::hip::wrapper_by_name(n))
     {
         Some((wrapper, raw)) if raw.addr() != 0 => wrapper as *mut c_void,
@@ -79,22 +79,22 @@ extern "C" fn dlsym_hook(handle: *mut c_void, name: *const c_char) -> *mut c_voi
     if !candidate(n) {
         return p;
     }
-    // Launch entry points are wrapped with or without a limit (see crate::launch), and so
+    // Launch entry points are wrapped with or without a limit (see crate::cuda::launch), and so
     // is cuGetProcAddress, through which the CUDA runtime reaches them.
     let launch =
-        crate::launch::wrapper_by_name(n).or_else(|| crate::hip::launch::wrapper_by_name(n));
+        crate::cuda::launch::wrapper_by_name(n).or_else(|| crate::hip::launch::wrapper_by_name(n));
     let (wrapper, raw, always) = match launch {
         Some((w, r)) => (w, r, true),
-        None => match crate::gpa::wrapper_by_name(n) {
+        None => match crate::cuda::gpa::wrapper_by_name(n) {
             Some((w, r)) => (w, r, is_gpa(n)),
-            None if let Some((w, r)) = crate::park::copies::wrapper_by_name(n) => (w, r, false),
+            None if let Some((w, r)) = crate::cuda::copies::wrapper_by_name(n) => (w, r, false),
             None => match crate::hip::wrapper_by_name(n) {
                 Some((w, r)) => (w, r, false),
                 None => return p,
             },
         },
     };
-    let enforce = || always || crate::ledger_file::active();
+    let enforce = || always || crate::ledger::active();
     let pu = p as usize;
     if pu == wrapper {
         // Our own export (RTLD_DEFAULT or a handle of the main program): only meaningful

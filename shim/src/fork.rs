@@ -3,9 +3,9 @@
 //! ledger; the parent's slot stays the parent's).
 
 extern "C" fn child() {
-    crate::ledger_file::after_fork_child();
+    crate::ledger::after_fork_child();
     crate::account::reset_in_child();
-    crate::context::reset_in_child();
+    crate::cuda::context::reset_in_child();
     crate::gate::after_fork_child();
     crate::park::after_fork_child();
 }

@@ -84,7 +84,10 @@ fn privileged_an_idle_parkable_tenant_is_parked_for_another_and_comes_back_byte_
         "a parked holds its context only: {parked}"
     );
     let (ok, text) = w.fgpu(&["status"]);
-    assert!(ok && text.contains("parked: 512MiB in host memory"), "{text}");
+    assert!(
+        ok && text.contains("parked: 512MiB in host memory"),
+        "{text}"
+    );
     // b ends: its memory goes back; a's next copy unparks it.
     let b = b.finish();
     assert_eq!(b.code, Some(0), "{b}");
@@ -113,26 +116,38 @@ fn privileged_a_pinned_tenant_is_not_parked_and_status_says_why() {
         &a_cg,
         &SIM,
         &[
-            "alloc", "256MiB", "alloc-api", "pitch", "256MiB", "launch", "1", "empty", "hold",
+            "alloc",
+            "256MiB",
+            "alloc-api",
+            "pitch",
+            "256MiB",
+            "launch",
+            "1",
+            "empty",
+            "hold",
         ],
     );
     a.expect("ready");
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let mut b = w.load(
-        &b_cg,
-        &SIM,
-        &["alloc", "512MiB", "alloc", "512MiB", "hold"],
-    );
+    let mut b = w.load(&b_cg, &SIM, &["alloc", "512MiB", "alloc", "512MiB", "hold"]);
     b.expect("ready");
     let allocs = allocs(&b.lines);
     assert_eq!(allocs[0], Ok(512 << 20), "{:?}", b.lines);
-    assert_eq!(allocs[1], Err(2), "out of memory, as without parking: {:?}", b.lines);
+    assert_eq!(
+        allocs[1],
+        Err(2),
+        "out of memory, as without parking: {:?}",
+        b.lines
+    );
     let r = row(&w, &a_cg);
     assert_eq!(r["parked_bytes"], 0, "{r}");
     let pins = r["park_pinned"].to_string();
     assert!(pins.contains("pitched allocations"), "{r}");
     let (ok, text) = w.fgpu(&["status"]);
-    assert!(ok && text.contains("not parkable: pitched allocations"), "{text}");
+    assert!(
+        ok && text.contains("not parkable: pitched allocations"),
+        "{text}"
+    );
 }
 
 /// A tenant that keeps launching is never idle for its park-after: it is not parked, and the
@@ -152,18 +167,24 @@ fn privileged_a_busy_tenant_is_not_parked() {
         &a_cg,
         &SIM,
         &[
-            "alloc", "512MiB", "hold", "launch-for", "4000", "sleep_1000us", "fill", "0", "3",
-            "check", "0", "3",
+            "alloc",
+            "512MiB",
+            "hold",
+            "launch-for",
+            "4000",
+            "sleep_1000us",
+            "fill",
+            "0",
+            "3",
+            "check",
+            "0",
+            "3",
         ],
     );
     a.expect("ready");
     a.release();
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let mut b = w.load(
-        &b_cg,
-        &SIM,
-        &["alloc", "512MiB", "alloc", "512MiB", "hold"],
-    );
+    let mut b = w.load(&b_cg, &SIM, &["alloc", "512MiB", "alloc", "512MiB", "hold"]);
     b.expect("ready");
     let allocs = allocs(&b.lines);
     assert_eq!(allocs[1], Err(2), "{:?}", b.lines);

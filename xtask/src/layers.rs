@@ -34,35 +34,64 @@ pub const SHIM: Crate = Crate {
     src: "shim/src",
     prefix: "crate::",
     layers: &[
-        // Logging, the real entry points and the interposition table: use nothing of the
-        // crate.
+        // What lower modules call back up into (registered by lib.rs); the coarse clock and
+        // reopening a descriptor: use nothing of the crate.
+        &["registered", "sys"],
+        // Logging, the real entry points and the interposition table.
         &["log", "real", "table"],
         // The environment, read once.
         &["config"],
-        // The loop issue 27 removes (docs/architecture.md, "The shim's import loop"): where
-        // the ledger comes from, ledger_file and agent_link calling each other (first
-        // contact, migration after an agent restart).
-        &["agent_link", "ledger_file"],
-        // The accounting core (its hooks into context and pool are registered by lib.rs).
+        // The agent connection: hands descriptors and mappings up to the ledger, which
+        // drives it (first contact, reconnects).
+        &["agent_link"],
+        // Where the ledger comes from, this process's slot, migration after an agent restart.
+        &["ledger"],
+        // The accounting core (its hooks into cuda's context and pool are registered by
+        // lib.rs).
         &["account"],
-        // NVML's answers and the shim's own NVML queries; memory pools.
-        &["nvml", "pool"],
-        // The context overhead (measured through nvml).
-        &["context"],
-        // The launch gate (HIP's GateApi table and its hooks for the agent link are
-        // registered by lib.rs).
+        // Parking: memory backed for parking, park and unpark, the door launches, copies and
+        // allocations pass (its hook into the launch fast paths is registered by lib.rs).
+        &["park"],
+        // The launch gate (CUDA's and HIP's GateApi tables and its hooks for the agent link
+        // are registered by lib.rs).
         &["gate"],
-        // The CUDA wrappers over the accounting, and the launch entry points over the gate.
-        &["alloc", "array", "launch", "meminfo", "vmm"],
-        // cuGetProcAddress and the table of every wrapper.
-        &["gpa"],
-        // HIP, ROCm SMI and AMD SMI (its table of wrappers uses gpa's macro).
+        // CUDA's and NVML's wrappers over the accounting, and the launch entry points over
+        // the gate; cuGetProcAddress and the table of every wrapper.
+        &["cuda"],
+        // HIP, ROCm SMI and AMD SMI (its table of wrappers uses cuda's wrap_table! macro, its
+        // launch entry points cuda's launch helpers).
         &["hip"],
         // Over the rest, used only by lib.rs: the dlsym interposition, the inline launch
         // hooks, the fork handler.
         &["dlsym", "fork", "hook"],
     ],
-    loops: &[&["agent_link", "ledger_file"]],
+    loops: &[],
+};
+
+/// The shim's `ledger/` folder, bottom first: where a ledger comes from, the ledger in use
+/// and its slot, migration after an agent restart (`mod.rs` on top).
+pub const SHIM_LEDGER: Crate = Crate {
+    src: "shim/src/ledger",
+    prefix: "crate::ledger::",
+    layers: &[&["sources"], &["view"], &["reconnect"]],
+    loops: &[],
+};
+
+/// The shim's `cuda/` folder, bottom first (`mod.rs` on top, with CUDA's GateApi table).
+pub const SHIM_CUDA: Crate = Crate {
+    src: "shim/src/cuda",
+    prefix: "crate::cuda::",
+    layers: &[
+        // NVML's answers and the shim's own NVML queries; memory pools.
+        &["nvml", "pool"],
+        // The context overhead (measured through nvml).
+        &["context"],
+        // The allocation wrappers, memory info, and the launch entry points over the gate.
+        &["alloc", "array", "copies", "launch", "meminfo", "vmm"],
+        // cuGetProcAddress and the table of every wrapper.
+        &["gpa"],
+    ],
+    loops: &[],
 };
 
 /// The agent's `agent/` folder (the node daemon), bottom first (docs/architecture.md, its
@@ -93,6 +122,8 @@ pub const AGENT: Crate = Crate {
         &["adopt", "backstop", "devmap", "peer", "shims", "watcher"],
         // The ledgers and the compute controller that schedules them.
         &["compute", "ledgers"],
+        // Parking's broker (over the ledgers).
+        &["park"],
         // The record of every part.
         &["state"],
         &["budget", "events", "tenant", "unseen"],
@@ -207,7 +238,7 @@ pub fn check(root: &Path, krate: &Crate) -> Result<Vec<Violation>> {
 pub fn run() -> Result<()> {
     step("imports run one way (xtask/src/layers.rs)");
     let mut bad = 0;
-    for krate in [&SHIM, &AGENT] {
+    for krate in [&SHIM, &SHIM_LEDGER, &SHIM_CUDA, &AGENT] {
         let v = check(&root(), krate)?;
         for x in &v {
             eprintln!(
@@ -570,7 +601,14 @@ mod tests {
     #[test]
     fn the_shim_keeps_its_layers() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let v = check(&root, &SHIM).unwrap();
-        assert!(v.is_empty(), "{v:#?}");
+        for krate in [&SHIM, &SHIM_LEDGER, &SHIM_CUDA] {
+            let v = check(&root, krate).unwrap();
+            assert!(v.is_empty(), "{}: {v:#?}", krate.src);
+            assert!(
+                krate.loops.is_empty(),
+                "{}: the shim has no import loop",
+                krate.src
+            );
+        }
     }
 }

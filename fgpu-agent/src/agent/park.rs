@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use fgpu_common::ledger::park::{
-    PARK_OK, RESIDENT, ROOM_COMING, ROOM_DONE, ROOM_NONE, room_tag,
-};
+use fgpu_common::ledger::park::{PARK_OK, RESIDENT, ROOM_COMING, ROOM_DONE, ROOM_NONE, room_tag};
 use fgpu_common::ledger::{Ledger, MAX_DEVICES, uuid_key};
 
 use super::ledgers::{CgroupLedger, Ledgers};
@@ -120,7 +118,9 @@ fn parked_now(all: &[Arc<CgroupLedger>]) -> u64 {
     all.iter()
         .map(|c| {
             let l = c.ledger();
-            (0..l.slots_in_range()).map(|s| l.parked_bytes(s)).sum::<u64>()
+            (0..l.slots_in_range())
+                .map(|s| l.parked_bytes(s))
+                .sum::<u64>()
         })
         .sum()
 }
@@ -281,7 +281,11 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_idle_container_is_parked_first() {
-        let cands = [c("a", 10, 5_000, 1_000), c("b", 10, 2_000, 1_000), c("c", 10, 3_000, 1_000)];
+        let cands = [
+            c("a", 10, 5_000, 1_000),
+            c("b", 10, 2_000, 1_000),
+            c("c", 10, 3_000, 1_000),
+        ];
         assert_eq!(pick(&cands, 10_000, u64::MAX), Some(1));
     }
 

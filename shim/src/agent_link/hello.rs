@@ -4,7 +4,7 @@
 //! number of descriptors) before it is used. And, later, whether the agent closed the
 //! connection ([`dead`]).
 
-use crate::ledger_file::now_ms;
+use crate::sys::now_ms;
 
 use fgpu_common::proto::{self, Kind, shim};
 

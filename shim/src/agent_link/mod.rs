@@ -10,25 +10,28 @@
 //!   the allocation slow path ([`tick`], at most every 100 ms) a dead connection is noticed
 //!   (`poll`, non-blocking) and a reconnect tried: `Hello` with `HELLO_HAS_USAGE_FD` and the
 //!   usage memfd attached. Same usage inode back: the limits page is replaced in place
-//!   (`MAP_FIXED`, an atomic page swap). Another one: charges move over
-//!   ([`crate::ledger_file::migrate`]).
+//!   ([`replace_limits`]: `MAP_FIXED`, an atomic page swap). Another one: charges move over.
+//!
+//! The ledger layer above (crate::ledger) drives this module: it asks for the first contact,
+//! runs the periodic check ([`check`], [`check_done`]) and, when a reconnect is due, reaches
+//! the agent again ([`hello_again`]), decides what the answer means for the ledger in use,
+//! and reports success ([`reconnected`]). This module hands over descriptors and mappings and
+//! names nothing above it.
 //!
 //! Everything here runs on slow paths only (first use, reconnects); it may allocate and block
 //! for at most [`hello::HELLO_TIMEOUT_MS`].
 
 mod hello;
 
-pub use hello::HelloError;
-use hello::{Fd, Reply, dead, hello, os_err};
+use hello::{Fd, dead, hello, os_err};
+pub use hello::{HelloError, Reply};
 
 use crate::config;
-use crate::ledger_file::{self, now_ms};
-use crate::log::{debug, error, info, warning};
+use crate::log::{debug, info, warning};
+use crate::registered::Registered;
+use crate::sys::{now_ms, reopen_own};
 
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU64, Ordering::Acquire, Ordering::Release,
-    Ordering::SeqCst,
-};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU64, Ordering::SeqCst};
 
 /// `FGPU_AGENT=required`: how long the shim keeps trying at start.
 pub const REQUIRED_WAIT_MS: u64 = 10_000;
@@ -56,18 +59,12 @@ pub struct GateHooks {
     pub check_generation: fn(),
 }
 
-/// The gate's hooks (null until registered).
-static GATE: AtomicPtr<GateHooks> = AtomicPtr::new(std::ptr::null_mut());
+/// The gate's hooks (none until registered).
+static GATE: Registered<GateHooks> = Registered::new();
 
 /// Registers the gate's hooks; called once, by the library's constructor.
 pub fn register_gate(hooks: &'static GateHooks) {
-    GATE.store(std::ptr::from_ref(hooks).cast_mut(), Release);
-}
-
-fn gate() -> Option<&'static GateHooks> {
-    let p = GATE.load(Acquire);
-    // SAFETY: only register_gate stores here, a pointer from a `&'static GateHooks`.
-    (!p.is_null()).then(|| unsafe { &*p })
+    GATE.set(hooks);
 }
 
 fn stat(fd: i32) -> Option<libc::stat> {
@@ -92,11 +89,11 @@ pub fn map_ledger(limits: i32, usage: i32) -> Result<usize, fgpu_ledger::Error> 
 }
 
 /// Replaces the limits page of the ledger at `base` with `limits` (validated first).
-fn replace_limits(base: usize, limits: i32, usage: i32) -> Result<(), fgpu_ledger::Error> {
+pub fn replace_limits(base: usize, limits: i32, usage: i32) -> Result<(), fgpu_ledger::Error> {
     fgpu_ledger::remap_limits(base, limits, usage)
 }
 
-/// First contact (from [`crate::ledger_file`]): the agent's ledger, mapped, and our own open
+/// First contact (from crate::ledger): the agent's ledger, mapped, and our own open
 /// file description of the usage memfd, or why not. `FGPU_AGENT=required` retries for up to
 /// [`REQUIRED_WAIT_MS`].
 pub fn first_contact() -> Result<(usize, i32, String), HelloError> {
@@ -129,7 +126,7 @@ fn adopt_first(reply: Reply) -> Result<(usize, i32, String), HelloError> {
     let base = map_ledger(reply.limits.0, reply.usage.0).map_err(HelloError::Ledger)?;
     // Our own open file description: the one that came over the socket is shared with the
     // agent and every other shim of the cgroup, and slot locks belong to descriptions.
-    let own = ledger_file::reopen_own(reply.usage.0);
+    let own = reopen_own(reply.usage.0);
     if own < 0 {
         fgpu_ledger::unmap_shim(base);
         return Err(HelloError::Bad(format!(
@@ -148,12 +145,14 @@ pub fn want_reconnect() {
     LINK.store(DOWN, SeqCst);
 }
 
-/// The allocation slow path's look at the agent link (at most every [`CHECK_EVERY_MS`]): a
-/// dead connection is noticed and a reconnect tried. Costs one coarse clock read when not due.
-pub fn tick() {
+/// The allocation slow path's look at the agent link (at most every [`CHECK_EVERY_MS`], one
+/// thread at a time): a dead connection is noticed. Costs one coarse clock read when not due.
+/// None: nothing to do now; Some(whether a reconnect is due): the caller (crate::ledger)
+/// tries one if so ([`hello_again`]), then calls [`check_done`].
+pub fn check() -> Option<bool> {
     let state = LINK.load(SeqCst);
     if state == OFF {
-        return;
+        return None;
     }
     let now = now_ms();
     let last = LAST_CHECK_MS.load(SeqCst);
@@ -162,10 +161,10 @@ pub fn tick() {
             .compare_exchange(last, now, SeqCst, SeqCst)
             .is_err()
     {
-        return;
+        return None;
     }
     if BUSY.swap(true, SeqCst) {
-        return;
+        return None;
     }
     if state == UP {
         let fd = CONN.load(SeqCst);
@@ -181,87 +180,63 @@ pub fn tick() {
                 unsafe { libc::close(old) };
             }
             LINK.store(DOWN, SeqCst);
-            reconnect();
+            return Some(true);
         }
+        Some(false)
     } else {
-        reconnect();
+        Some(true)
     }
+}
+
+/// The end of a [`check`] that returned Some: the next one may run; and the gate looks for a
+/// compute share set or changed since it last looked.
+pub fn check_done() {
     BUSY.store(false, SeqCst);
-    // A compute share set or changed since the gate last looked.
-    if let Some(g) = gate() {
+    if let Some(g) = GATE.get() {
         (g.check_generation)();
     }
 }
 
-/// Tries once to get the agent's ledger again and switch to it.
-fn reconnect() {
+/// One attempt to reach the agent again: `Hello`, with a fresh open file description of
+/// `usage` (our ledger's usage memfd, if it is the agent's) attached, never the one our slot
+/// lock lives on: the agent tests and takes slot locks through the description it holds, and
+/// through ours it would find our own slot free. None: no usable answer (logged at debug).
+pub fn hello_again(usage: Option<i32>) -> Option<Reply> {
     let cfg = config::get();
-    let (base, fd, agent_ledger) = ledger_file::current();
-    // Hand over a fresh open file description, never the one our slot lock lives on: the
-    // agent tests and takes slot locks through the description it holds, and through ours
-    // it would find our own slot free.
-    let attach = if agent_ledger {
-        let fresh = ledger_file::reopen_own(fd);
+    let attach = usage.and_then(|fd| {
+        let fresh = reopen_own(fd);
         (fresh >= 0).then_some(Fd(fresh))
-    } else {
-        None
-    };
+    });
     let result = hello(&cfg.socket, attach.as_ref().map(|f| f.0));
     drop(attach);
-    let reply = match result {
-        Ok(r) => r,
+    match result {
+        Ok(r) => Some(r),
         Err(e) => {
             debug!("reconnect to {}: {e}", cfg.socket);
-            return;
+            None
         }
-    };
-    let ok = if agent_ledger && fd >= 0 && same_file(reply.usage.0, fd) {
-        // The agent adopted our usage memfd (or already had it): only the limits page is new.
-        match replace_limits(base, reply.limits.0, reply.usage.0) {
-            Ok(()) => true,
-            Err(e) => {
-                error!("reconnected to the fgpu agent, but its limits page is unusable: {e}");
-                false
-            }
-        }
-    } else {
-        match map_ledger(reply.limits.0, reply.usage.0) {
-            Ok(new_base) => {
-                let own = ledger_file::reopen_own(reply.usage.0);
-                if own >= 0 && ledger_file::migrate(new_base, own) {
-                    true
-                } else {
-                    // Nothing refers to the new ledger (migrate published nothing).
-                    if own >= 0 {
-                        // SAFETY: closing the description we opened.
-                        unsafe { libc::close(own) };
-                    }
-                    fgpu_ledger::unmap_shim(new_base);
-                    false
-                }
-            }
-            Err(e) => {
-                error!("reconnected to the fgpu agent, but its ledger is unusable: {e}");
-                false
-            }
-        }
-    };
-    if ok {
-        let old = CONN.swap(reply.conn.into_raw(), SeqCst);
-        if old >= 0 {
-            // SAFETY: closing a connection we no longer use.
-            unsafe { libc::close(old) };
-        }
-        LINK.store(UP, SeqCst);
-        LOST_WARNED.store(false, SeqCst);
-        if let Some(g) = gate() {
-            (g.ledger_changed)();
-        }
-        info!(
-            "reconnected to the fgpu agent at {} (cgroup {})",
-            cfg.socket, reply.cgroup
-        );
     }
+}
+
+/// The ledger layer switched to what `reply` handed over (the limits page replaced, or the
+/// charges migrated): its connection is the link from now on, and the gate re-reads the
+/// compute settings.
+pub fn reconnected(reply: Reply) {
+    let cfg = config::get();
+    let old = CONN.swap(reply.conn.into_raw(), SeqCst);
+    if old >= 0 {
+        // SAFETY: closing a connection we no longer use.
+        unsafe { libc::close(old) };
+    }
+    LINK.store(UP, SeqCst);
+    LOST_WARNED.store(false, SeqCst);
+    if let Some(g) = GATE.get() {
+        (g.ledger_changed)();
+    }
+    info!(
+        "reconnected to the fgpu agent at {} (cgroup {})",
+        cfg.socket, reply.cgroup
+    );
 }
 
 /// In a fork child (async-signal-safe): no reconnect is in progress here. The connection is

@@ -17,7 +17,7 @@ use fgpu_common::ledger::{DeviceTurn, Ledger, MAX_DEVICES, SlotCompute};
 
 use super::driver::{self, DEVICES};
 use super::{ENV_PCT, LEDGER_GATED, STALE_WARNED, STATS, now_ns};
-use crate::ledger_file;
+use crate::ledger;
 use crate::log::warning;
 
 /// A local bucket holds at most the share of this window (the burst after idling).
@@ -187,7 +187,7 @@ pub fn dev_mode(ord: usize) -> (&'static Dev, u8) {
         m |= M_LOCAL;
     }
     if LEDGER_GATED.load(Relaxed)
-        && let Some((l, _)) = ledger_file::get()
+        && let Some((l, _)) = ledger::get()
         && let Some(idx) = driver::dev_index(l, ord)
     {
         let (gated, pct) = ledger_setting(l, idx);
@@ -207,7 +207,7 @@ pub fn dev_mode(ord: usize) -> (&'static Dev, u8) {
 /// The ledger, this process's compute record and the turn of `d`'s ledger device (looked up
 /// each time: the ledger may be replaced when the agent reconnects).
 fn ledger_parts(d: &Dev) -> Option<(&'static Ledger, &'static SlotCompute, &'static DeviceTurn)> {
-    let (l, slot) = ledger_file::get()?;
+    let (l, slot) = ledger::get()?;
     let idx = d.ledger_idx.load(Relaxed).min(MAX_DEVICES - 1);
     Some((l, l.slot_compute(slot, idx), l.turn(idx)))
 }
@@ -247,7 +247,7 @@ pub fn charge_local(d: &Dev, m: u8, ns: i64) {
 pub fn measured(d: &Dev, m: u8, ns: i64, launches: u32) {
     if m & M_LEDGER != 0
         && (ns > 0 || launches > 0)
-        && let Some((l, _)) = ledger_file::get()
+        && let Some((l, _)) = ledger::get()
     {
         let idx = d.ledger_idx.load(Relaxed).min(MAX_DEVICES - 1);
         let c = &l.usage.compute[idx];

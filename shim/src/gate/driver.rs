@@ -4,21 +4,21 @@
 //!
 //! Two device APIs share the gate ([`Api`]): CUDA's driver API and AMD's HIP runtime. Their
 //! event, stream and capture calls have the same shapes and the same codes for what the gate
-//! looks at (success 0, not ready 600, relaxed capture mode 2), so each call picks the entry
-//! point of the stream's API and the rest of the gate does not know which one it drives.
-//! What differs: HIP has no contexts the gate can name, so its "context" is the current
-//! device (ordinal + 1), and HIP devices have gate device numbers of their own
-//! ([`device`]: `MAX_ORDINALS` + HIP ordinal), bound to ledger records by HIP UUID.
+//! looks at (success 0, not ready 600, relaxed capture mode 2), so each call takes the entry
+//! point from the stream's API's table ([`GateApi`], one per API, registered by lib.rs:
+//! crate::cuda's and crate::hip's) and the gate names no device API itself.
+//! What differs: HIP has no contexts the gate can name ([`Contexts::Device`]), so its
+//! "context" is the current device (ordinal + 1), and HIP devices have gate device numbers of
+//! their own ([`device`]: `MAX_ORDINALS` + HIP ordinal), bound to ledger records by HIP UUID.
 
 use std::ffi::{c_int, c_uint};
-use std::sync::atomic::AtomicPtr;
-use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::Relaxed;
 
 use super::STATS;
 use super::profile::{Call, timed};
 use crate::config::MAX_ORDINALS;
-use crate::real::hip;
-use crate::real::{self, CUresult, Handle, Sym};
+use crate::real::{CUresult, Handle, Sym};
+use crate::registered::Registered;
 use fgpu_common::ledger::Ledger;
 
 pub const CUDA_SUCCESS: CUresult = 0;
@@ -39,37 +39,68 @@ pub enum Api {
     Hip,
 }
 
-/// What the gate needs of a device API beyond its real entry points: the calling thread's
-/// current device and the ledger record a device is bound to. CUDA's is crate::account's;
-/// HIP's (crate::hip) is registered by lib.rs at load time ([`register_hip`]).
+/// `cu/hipEventDestroy`, `cu/hipEventQuery`, `cu/hipStreamQuery`: one handle in, a code out.
+pub type HandleCall = Sym<unsafe extern "C" fn(Handle) -> CUresult>;
+/// `cu/hipStreamIsCapturing(stream, status*)`.
+pub type IsCapturing = Sym<unsafe extern "C" fn(Handle, *mut c_int) -> CUresult>;
+/// `cu/hipThreadExchangeStreamCaptureMode(mode*)`.
+pub type ExchangeMode = Sym<unsafe extern "C" fn(*mut c_int) -> CUresult>;
+/// `cuEventCreate` / `hipEventCreateWithFlags(event*, flags)`.
+pub type EventCreate = Sym<unsafe extern "C" fn(*mut Handle, c_uint) -> CUresult>;
+/// `cu/hipEventRecord(event, stream)`.
+pub type EventRecord = Sym<unsafe extern "C" fn(Handle, Handle) -> CUresult>;
+/// `cu/hipEventElapsedTime(ms*, start, end)`.
+pub type ElapsedTime = Sym<unsafe extern "C" fn(*mut f32, Handle, Handle) -> CUresult>;
+/// `cuCtxGetCurrent(context*)`.
+pub type CtxGetCurrent = Sym<unsafe extern "C" fn(*mut Handle) -> CUresult>;
+/// `cuCtxSetCurrent(context)`.
+pub type CtxSetCurrent = Sym<unsafe extern "C" fn(Handle) -> CUresult>;
+/// `hipSetDevice(ordinal)`.
+pub type SetDevice = Sym<unsafe extern "C" fn(c_int) -> CUresult>;
+
+/// What the gate needs of a device API: the calling thread's current device, the ledger
+/// record a device is bound to, and the real entry points of the event, stream, capture and
+/// context calls it makes (same shapes and codes in both APIs). One per API, registered by
+/// lib.rs at load time ([`register_api`]): crate::cuda's and crate::hip's.
 pub struct GateApi {
     pub current_ordinal: fn() -> Option<c_int>,
     pub dev_index: fn(&Ledger, c_int) -> Option<usize>,
+    pub stream_is_capturing: &'static IsCapturing,
+    pub exchange_capture_mode: &'static ExchangeMode,
+    pub event_create: &'static EventCreate,
+    pub event_destroy: &'static HandleCall,
+    pub event_record: &'static EventRecord,
+    pub event_query: &'static HandleCall,
+    /// The first of these the driver has.
+    pub event_elapsed_time: &'static [&'static ElapsedTime],
+    pub stream_query: &'static HandleCall,
+    pub context: Contexts,
 }
 
-static CUDA_API: GateApi = GateApi {
-    current_ordinal: crate::account::current_ordinal,
-    dev_index: crate::account::dev_index,
-};
-
-/// HIP's table (null until registered).
-static HIP_API: AtomicPtr<GateApi> = AtomicPtr::new(std::ptr::null_mut());
-
-/// Registers HIP's table; called once, by the library's constructor.
-pub fn register_hip(api: &'static GateApi) {
-    HIP_API.store(std::ptr::from_ref(api).cast_mut(), Release);
+/// What stands for a stream's context (the watcher thread makes it current before it works
+/// on a stream of another thread).
+pub enum Contexts {
+    /// Contexts the gate can name (CUDA's).
+    Driver {
+        get_current: &'static CtxGetCurrent,
+        set_current: &'static CtxSetCurrent,
+    },
+    /// None (HIP's): the current device stands for it (ordinal + 1), made current with
+    /// `set_device`.
+    Device { set_device: &'static SetDevice },
 }
 
-/// `api`'s table (None: HIP's, not registered yet).
+/// The tables, by [`Api`] (none until registered).
+static APIS: [Registered<GateApi>; 2] = [Registered::new(), Registered::new()];
+
+/// Registers `api`'s table; called once per API, by the library's constructor.
+pub fn register_api(api: Api, table: &'static GateApi) {
+    APIS[api as usize].set(table);
+}
+
+/// `api`'s table (None: not registered yet).
 fn table(api: Api) -> Option<&'static GateApi> {
-    match api {
-        Api::Cuda => Some(&CUDA_API),
-        Api::Hip => {
-            let p = HIP_API.load(Acquire);
-            // SAFETY: only register_hip stores here, a pointer from a `&'static GateApi`.
-            (!p.is_null()).then(|| unsafe { &*p })
-        }
-    }
+    APIS[api as usize].get()
 }
 
 /// The calling thread's current device of `api`.
@@ -77,22 +108,18 @@ fn current_ordinal(api: Api) -> Option<c_int> {
     table(api).and_then(|t| (t.current_ordinal)())
 }
 
-/// The entry point of `api`: `cuda` or `hip` (same C signature).
-fn pick<F: Copy>(api: Api, cuda: &Sym<F>, hip: &Sym<F>) -> Option<F> {
-    match api {
-        Api::Cuda => cuda.get(),
-        Api::Hip => hip.get(),
-    }
+/// The entry point `which` of `api`'s table, if the driver has it.
+fn entry<F: Copy + 'static>(
+    api: Api,
+    which: impl FnOnce(&'static GateApi) -> &'static Sym<F>,
+) -> Option<F> {
+    table(api).and_then(|t| which(t).get())
 }
 
 /// Whether `stream` is capturing (or its capture state cannot be read: then it is treated as
 /// capturing, the safe side; e.g. the legacy stream while another stream captures).
 pub fn capturing(api: Api, stream: usize) -> bool {
-    let Some(f) = pick(
-        api,
-        &real::CU_STREAM_IS_CAPTURING,
-        &hip::HIP_STREAM_IS_CAPTURING,
-    ) else {
+    let Some(f) = entry(api, |t| t.stream_is_capturing) else {
         return false; // no stream capture in this driver
     };
     let mut st: c_int = 0;
@@ -110,11 +137,7 @@ pub fn capturing(api: Api, stream: usize) -> bool {
 pub struct RelaxedCapture(Option<(c_int, Api)>);
 
 fn exchange_mode(api: Api) -> Option<unsafe extern "C" fn(*mut c_int) -> CUresult> {
-    pick(
-        api,
-        &real::CU_THREAD_EXCHANGE_STREAM_CAPTURE_MODE,
-        &hip::HIP_THREAD_EXCHANGE_STREAM_CAPTURE_MODE,
-    )
+    entry(api, |t| t.exchange_capture_mode)
 }
 
 impl RelaxedCapture {
@@ -141,11 +164,7 @@ impl Drop for RelaxedCapture {
 }
 
 pub fn event_create(api: Api, flags: c_uint) -> usize {
-    let Some(f) = pick(
-        api,
-        &real::CU_EVENT_CREATE,
-        &hip::HIP_EVENT_CREATE_WITH_FLAGS,
-    ) else {
+    let Some(f) = entry(api, |t| t.event_create) else {
         return 0;
     };
     let mut ev: Handle = std::ptr::null_mut();
@@ -159,7 +178,7 @@ pub fn event_create(api: Api, flags: c_uint) -> usize {
 
 pub fn event_destroy(api: Api, ev: usize) {
     if ev != 0
-        && let Some(f) = pick(api, &real::CU_EVENT_DESTROY, &hip::HIP_EVENT_DESTROY)
+        && let Some(f) = entry(api, |t| t.event_destroy)
     {
         // SAFETY: an event this module created.
         unsafe { f(ev as Handle) };
@@ -167,7 +186,7 @@ pub fn event_destroy(api: Api, ev: usize) {
 }
 
 pub fn event_record(api: Api, ev: usize, stream: usize) -> bool {
-    let Some(f) = pick(api, &real::CU_EVENT_RECORD, &hip::HIP_EVENT_RECORD) else {
+    let Some(f) = entry(api, |t| t.event_record) else {
         return false;
     };
     // SAFETY: cu/hipEventRecord(event, stream): our event, the caller's (non-capturing)
@@ -182,7 +201,7 @@ pub fn event_record(api: Api, ev: usize, stream: usize) -> bool {
 }
 
 pub fn event_query(api: Api, ev: usize) -> CUresult {
-    match pick(api, &real::CU_EVENT_QUERY, &hip::HIP_EVENT_QUERY) {
+    match entry(api, |t| t.event_query) {
         // SAFETY: cu/hipEventQuery(event) on our event.
         Some(f) => timed(Call::Query, || unsafe { f(ev as Handle) }),
         None => CUDA_SUCCESS,
@@ -192,7 +211,7 @@ pub fn event_query(api: Api, ev: usize) -> CUresult {
 /// Whether everything queued on `stream` has completed (false on any error, e.g. a capturing
 /// stream: then the caller takes the ordinary path).
 pub fn stream_idle(api: Api, stream: usize) -> bool {
-    let Some(f) = pick(api, &real::CU_STREAM_QUERY, &hip::HIP_STREAM_QUERY) else {
+    let Some(f) = entry(api, |t| t.stream_query) else {
         return false;
     };
     let _relaxed = RelaxedCapture::enter(api);
@@ -202,12 +221,10 @@ pub fn stream_idle(api: Api, stream: usize) -> bool {
 
 /// GPU time between two completed events, in ns.
 pub fn elapsed_ns(api: Api, start: usize, end: usize) -> Option<i64> {
-    let f = match api {
-        Api::Cuda => real::CU_EVENT_ELAPSED_TIME
-            .get()
-            .or_else(|| real::CU_EVENT_ELAPSED_TIME_V2.get()),
-        Api::Hip => hip::HIP_EVENT_ELAPSED_TIME.get(),
-    }?;
+    let f = table(api)?
+        .event_elapsed_time
+        .iter()
+        .find_map(|s| s.get())?;
     let mut ms: f32 = 0.0;
     // SAFETY: cu/hipEventElapsedTime(float*, event, event) with a valid out-pointer.
     let rc = timed(Call::Elapsed, || unsafe {
@@ -218,10 +235,14 @@ pub fn elapsed_ns(api: Api, start: usize, end: usize) -> Option<i64> {
 
 /// The calling thread's current context (HIP: its current device's ordinal + 1); 0 if none.
 pub fn current_ctx(api: Api) -> usize {
-    if api == Api::Hip {
-        return current_ordinal(api).map_or(0, |o| o as usize + 1);
-    }
-    let Some(f) = real::CU_CTX_GET_CURRENT.get() else {
+    let Some(t) = table(api) else {
+        return 0;
+    };
+    let get_current = match t.context {
+        Contexts::Device { .. } => return current_ordinal(api).map_or(0, |o| o as usize + 1),
+        Contexts::Driver { get_current, .. } => get_current,
+    };
+    let Some(f) = get_current.get() else {
         return 0;
     };
     let mut c: Handle = std::ptr::null_mut();
@@ -239,15 +260,21 @@ pub fn set_current_ctx(api: Api, ctx: usize) -> bool {
     if current_ctx(api) == ctx {
         return true;
     }
-    if api == Api::Hip {
-        let (Some(f), Some(ord)) = (hip::HIP_SET_DEVICE.get(), ctx.checked_sub(1)) else {
-            return false;
-        };
-        // SAFETY: hipSetDevice(int) with a device this process used (recorded when its
-        // stream was first seen); it only changes this thread's current device.
-        return unsafe { f(ord as c_int) } == CUDA_SUCCESS;
-    }
-    let Some(f) = real::CU_CTX_SET_CURRENT.get() else {
+    let Some(t) = table(api) else {
+        return false;
+    };
+    let set_current = match t.context {
+        Contexts::Device { set_device } => {
+            let (Some(f), Some(ord)) = (set_device.get(), ctx.checked_sub(1)) else {
+                return false;
+            };
+            // SAFETY: hipSetDevice(int) with a device this process used (recorded when its
+            // stream was first seen); it only changes this thread's current device.
+            return unsafe { f(ord as c_int) } == CUDA_SUCCESS;
+        }
+        Contexts::Driver { set_current, .. } => set_current,
+    };
+    let Some(f) = set_current.get() else {
         return false;
     };
     // SAFETY: cuCtxSetCurrent(CUcontext) with a context the process made current on some

@@ -27,16 +27,16 @@ mod tuning;
 
 use std::sync::Once;
 use std::sync::atomic::{
-    AtomicBool, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed,
-    Ordering::Release,
+    AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering::Acquire, Ordering::Relaxed,
 };
 
-use crate::ledger_file;
+use crate::ledger;
 use crate::log::{error, info, warning};
 use crate::real::{CUresult, Handle};
+use crate::registered::Registered;
 use budget::M_OFF;
 use driver::CUDA_SUCCESS;
-pub use driver::{Api, GateApi, register_hip};
+pub use driver::{Api, Contexts, GateApi, register_api};
 use fgpu_common::ledger::MAX_DEVICES;
 
 /// A batch closes once this much host time has passed since its first launch...
@@ -196,7 +196,7 @@ const WATCH_DRAIN: std::time::Duration = std::time::Duration::from_micros(200);
 /// controller bumps the turn's word at every change, and the watcher sleeps on it.
 /// Not restarted in forked children (they notice at their next allocation).
 fn start_watcher() {
-    if !ledger_file::current().2 {
+    if !ledger::current().2 {
         return;
     }
     let spawned = std::thread::Builder::new()
@@ -248,8 +248,8 @@ pub fn parse_share(v: &str) -> Result<u32, String> {
 /// gate on or off.
 fn scan_ledger() {
     let mut gated = false;
-    if crate::ledger_file::active()
-        && let Some((l, _)) = ledger_file::get()
+    if crate::ledger::active()
+        && let Some((l, _)) = ledger::get()
     {
         SEEN_GENERATION.store(l.limits.generation.load(Acquire), Relaxed);
         gated = (0..MAX_DEVICES).any(|i| budget::ledger_setting(l, i).0);
@@ -262,21 +262,18 @@ fn scan_ledger() {
     publish(!on && !crate::park::parkable());
 }
 
-/// Publishes the launch entry points' fast paths (crate::launch, crate::hip::launch): a
-/// `fn(bool)` that lib.rs registers at load time; 0 until then.
-static PUBLISH: AtomicUsize = AtomicUsize::new(0);
+/// Publishes the launch entry points' fast paths (crate::cuda::launch, crate::hip::launch): a
+/// `fn(bool)` that lib.rs registers at load time; none until then.
+static PUBLISH: Registered<fn(bool)> = Registered::new();
 
 /// Registers `f` to publish the launch entry points' fast paths (`open`: no launch is gated);
 /// called once, by the library's constructor.
-pub fn on_publish(f: fn(bool)) {
-    PUBLISH.store(f as usize, Release);
+pub fn on_publish(f: &'static fn(bool)) {
+    PUBLISH.set(f);
 }
 
 fn publish(open: bool) {
-    let f = PUBLISH.load(Acquire);
-    if f != 0 {
-        // SAFETY: only on_publish stores here, and it stores a `fn(bool)`.
-        let f = unsafe { std::mem::transmute::<usize, fn(bool)>(f) };
+    if let Some(f) = PUBLISH.get() {
         f(open);
     }
 }
@@ -288,7 +285,7 @@ static SEEN_GENERATION: AtomicU64 = AtomicU64::new(u64::MAX);
 /// agent bumps `generation` after every change): one load when nothing changed. Called by
 /// the gated launch path and the agent link's periodic check.
 pub fn check_generation() {
-    if let Some((l, _)) = ledger_file::get() {
+    if let Some((l, _)) = ledger::get() {
         let g = l.limits.generation.load(Acquire);
         let seen = SEEN_GENERATION.load(Relaxed);
         if g != seen && seen != u64::MAX {

@@ -13,7 +13,7 @@ use crate::real::hip::{self as real, HipError};
 use crate::real::real_or_3;
 use std::ffi::{c_char, c_int, c_void};
 
-crate::gpa::wrap_table! {
+crate::cuda::gpa::wrap_table! {
     HIP_GET_PROC_ADDRESS => hipGetProcAddress,
     HIP_MALLOC => alloc::hipMalloc,
     HIP_EXT_MALLOC_WITH_FLAGS => alloc::hipExtMallocWithFlags,

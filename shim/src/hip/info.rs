@@ -14,7 +14,7 @@
 
 use super::{current_ordinal, dev_index, enabled};
 use crate::account;
-use crate::ledger_file;
+use crate::ledger;
 use crate::real::hip::{
     self as real, HipError, RSMI_MEM_TYPE_VRAM, RSMI_STATUS_INIT_ERROR, RsmiStatus,
 };
@@ -24,7 +24,7 @@ use std::ffi::c_int;
 
 /// (limit, used) of HIP device `ord`, or None if it is not limited.
 fn limited(ord: c_int) -> Option<(&'static Ledger, usize, u64)> {
-    let (l, _) = ledger_file::get()?;
+    let (l, _) = ledger::get()?;
     let idx = dev_index(l, ord)?;
     let limit = account::limit(l, ord, idx);
     (limit != NO_LIMIT).then_some((l, idx, limit))
@@ -46,7 +46,7 @@ pub unsafe extern "C" fn hipMemGetInfo(free: *mut usize, total: *mut usize) -> H
     let Some((l, idx, limit)) = limited(ord) else {
         return rc;
     };
-    ledger_file::sweep_if_due();
+    ledger::sweep_if_due();
     // SAFETY: the caller's out-pointers, just written by the runtime.
     let (pf, pt) = unsafe { (free.read_unaligned() as u64, total.read_unaligned() as u64) };
     account::check_limit_vs_device(limit, pt, ord);
@@ -128,7 +128,7 @@ fn smi_view(dv: u32) -> Option<(u64, u64)> {
 /// limit applies) and unique id `uid` (None: unknown, used 0); None: not limited. Shared by
 /// ROCm SMI and AMD SMI (crate::hip::amdsmi).
 pub fn smi_answer(dv: Option<u32>, uid: Option<u64>) -> Option<(u64, u64)> {
-    let (l, _) = ledger_file::get()?;
+    let (l, _) = ledger::get()?;
     let ord = dv.and_then(hip_ordinal).map_or(c_int::MAX, |o| o as c_int);
     let idx = uid.and_then(|id| {
         (0..MAX_DEVICES).find(|&i| {

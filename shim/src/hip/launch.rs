@@ -2,7 +2,7 @@
 //! `hipModuleLaunchKernel`, `hipExtLaunchKernel`, `hipGraphLaunch`, `hipGraphLaunch_spt` —
 //! through the same gate as CUDA's (crate::gate, docs/compute.md, "HIP").
 //!
-//! As for CUDA (crate::launch) they are handed out (exported names, dlsym,
+//! As for CUDA (crate::cuda::launch) they are handed out (exported names, dlsym,
 //! hipGetProcAddress) whether or not a limit is set, so that a compute share set later by the
 //! agent reaches a running process. Fast path: ONE relaxed atomic load of [`FAST`]`[entry]` —
 //! the real function while no launch is gated, 0 otherwise — and a call. Anything else goes
@@ -14,8 +14,8 @@
 
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
+use crate::cuda::launch::{fast, launch_entry};
 use crate::gate::{self, Api, Kind};
-use crate::launch::{fast, launch_entry};
 use crate::real::hip::{self as real, Dim3, HipError};
 use crate::real::real_or_3;
 use crate::real::{Handle, Raw};

@@ -29,7 +29,7 @@ pub mod vmm;
 
 use crate::account::{self, Charge};
 use crate::config::MAX_ORDINALS;
-use crate::ledger_file;
+use crate::ledger;
 use crate::real::hip as real;
 use fgpu_common::ledger::Denied;
 use fgpu_common::ledger::Ledger;
@@ -57,7 +57,7 @@ pub fn off() -> bool {
 
 /// Whether HIP calls are accounted: the shim is active and `FGPU_HIP` is not `off`.
 pub fn enabled() -> bool {
-    !off() && crate::ledger_file::active()
+    !off() && crate::ledger::active()
 }
 
 /// Whether this thread is inside one of our HIP wrappers (a HIP call arriving now is the
@@ -90,6 +90,17 @@ pub fn guarded<R>(direct: impl FnOnce() -> R, accounted: impl FnOnce() -> R) -> 
 pub static GATE_API: crate::gate::GateApi = crate::gate::GateApi {
     current_ordinal,
     dev_index,
+    stream_is_capturing: &real::HIP_STREAM_IS_CAPTURING,
+    exchange_capture_mode: &real::HIP_THREAD_EXCHANGE_STREAM_CAPTURE_MODE,
+    event_create: &real::HIP_EVENT_CREATE_WITH_FLAGS,
+    event_destroy: &real::HIP_EVENT_DESTROY,
+    event_record: &real::HIP_EVENT_RECORD,
+    event_query: &real::HIP_EVENT_QUERY,
+    event_elapsed_time: &[&real::HIP_EVENT_ELAPSED_TIME],
+    stream_query: &real::HIP_STREAM_QUERY,
+    context: crate::gate::Contexts::Device {
+        set_device: &real::HIP_SET_DEVICE,
+    },
 };
 
 /// The calling thread's current HIP device.
@@ -137,7 +148,7 @@ fn charge_context(idx: usize) {
     if CONTEXT_CHARGED.fetch_or(1 << idx, SeqCst) & (1 << idx) != 0 {
         return;
     }
-    if let Some((l, slot)) = ledger_file::get() {
+    if let Some((l, slot)) = ledger::get() {
         l.charge(idx, slot, n);
         l.slots[slot].overhead[idx].fetch_add(n, SeqCst);
     }
@@ -149,8 +160,8 @@ pub fn reserve(api: &str, ord: Option<c_int>, bytes: u64) -> Result<Option<Charg
     let Some(ord) = ord.or_else(current_ordinal) else {
         return Ok(None);
     };
-    crate::agent_link::tick();
-    let Some((l, slot)) = ledger_file::get() else {
+    crate::ledger::tick();
+    let Some((l, slot)) = ledger::get() else {
         return Ok(None);
     };
     let Some(idx) = dev_index(l, ord) else {

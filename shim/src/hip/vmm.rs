@@ -65,7 +65,7 @@ pub unsafe extern "C" fn hipMemRelease(handle: MemHandle) -> HipError {
     guarded(call, || {
         let rc = call();
         if rc == 0 {
-            crate::vmm::unref(handle);
+            crate::cuda::vmm::unref(handle);
         }
         rc
     })
@@ -115,7 +115,7 @@ pub unsafe extern "C" fn hipMemUnmap(ptr: *mut c_void, size: usize) -> HipError 
             while p < end {
                 match MAPS.remove(p) {
                     Some(m) => {
-                        crate::vmm::unref(m.aux);
+                        crate::cuda::vmm::unref(m.aux);
                         p = p.saturating_add(m.size.max(1));
                     }
                     None => break,

@@ -127,7 +127,7 @@ mod imp {
                 raw.set_code(*tramp);
             }
         }
-        crate::launch::refresh();
+        crate::cuda::launch::refresh();
         let mut patched = 0;
         for (src, _, d, tramp) in &planned {
             let thunk = tramp + THUNK_AT;

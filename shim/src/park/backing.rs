@@ -101,7 +101,11 @@ pub struct Failed {
 }
 
 fn check(call: &'static str, rc: CUresult) -> Result<(), Failed> {
-    if rc == 0 { Ok(()) } else { Err(Failed { call, rc }) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Failed { call, rc })
+    }
 }
 
 fn sym<F: Copy>(s: &real::Sym<F>, call: &'static str) -> Result<F, Failed> {
@@ -217,7 +221,11 @@ pub fn copy_out(host: *mut c_void, va: CUdeviceptr, size: u64) -> Result<(), Fai
         let n = COPY_CHUNK.min(size - off);
         // SAFETY: `host` holds `size` bytes; the device range is ours and mapped.
         check("cuMemcpyDtoH_v2", unsafe {
-            f(host.cast::<u8>().add(off as usize).cast(), va + off, n as usize)
+            f(
+                host.cast::<u8>().add(off as usize).cast(),
+                va + off,
+                n as usize,
+            )
         })?;
         off += n;
     }
@@ -232,7 +240,11 @@ pub fn copy_in(va: CUdeviceptr, host: *const c_void, size: u64) -> Result<(), Fa
         let n = COPY_CHUNK.min(size - off);
         // SAFETY: `host` holds `size` bytes; the device range is ours and mapped again.
         check("cuMemcpyHtoD_v2", unsafe {
-            f(va + off, host.cast::<u8>().add(off as usize).cast(), n as usize)
+            f(
+                va + off,
+                host.cast::<u8>().add(off as usize).cast(),
+                n as usize,
+            )
         })?;
         off += n;
     }

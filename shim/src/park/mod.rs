@@ -5,7 +5,7 @@
 //! - [`backing`]: `cuMemAlloc_v2` made of a reserved range with physical memory mapped into
 //!   it; the records of what this process has backed; the driver calls park and unpark make.
 //! - [`room`]: asking the agent to park someone else when the driver is out of memory.
-//! - [`copies`]: the copy and set entry points, which wait while the process is parked.
+//! - `crate::cuda::copies`: the copy and set entry points, which pass the door.
 //! - here: the door every launch, copy, allocation and free passes while the container is
 //!   parkable (a count of calls inside, and a wait while parked), park (the watcher thread,
 //!   when the agent asks) and unpark (the first call through the door after a park).
@@ -15,13 +15,11 @@
 //! gate's path instead of the fast path (docs/parking.md, "Costs").
 
 pub mod backing;
-pub mod copies;
 pub mod room;
 
 use std::sync::Mutex;
 use std::sync::atomic::{
-    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Acquire, Ordering::Relaxed,
-    Ordering::Release, Ordering::SeqCst,
+    AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst,
 };
 
 use fgpu_common::ledger::Ledger;
@@ -31,9 +29,10 @@ use fgpu_common::ledger::park::{
 };
 
 use crate::account;
-use crate::ledger_file;
+use crate::ledger;
 use crate::log::{info, warning};
 use crate::real::{CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult};
+use crate::registered::Registered;
 use backing::{RECORDS, Rec};
 
 /// Whether this process's calls pass the door: its container is parkable, or it is not
@@ -53,18 +52,15 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 static TO_FREE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
 /// Closes the launch entry points' fast paths (registered by lib.rs), so that launches pass
 /// the door.
-static CLOSE_FAST_PATHS: AtomicUsize = AtomicUsize::new(0);
+static CLOSE_FAST_PATHS: Registered<fn()> = Registered::new();
 
 /// Registers what closes the launch fast paths; once, by the library's constructor.
-pub fn on_close_fast_paths(f: fn()) {
-    CLOSE_FAST_PATHS.store(f as usize, Release);
+pub fn on_close_fast_paths(f: &'static fn()) {
+    CLOSE_FAST_PATHS.set(f);
 }
 
 fn close_fast_paths() {
-    let f = CLOSE_FAST_PATHS.load(Acquire);
-    if f != 0 {
-        // SAFETY: only on_close_fast_paths stores here, and it stores a `fn()`.
-        let f = unsafe { std::mem::transmute::<usize, fn()>(f) };
+    if let Some(f) = CLOSE_FAST_PATHS.get() {
         f();
     }
 }
@@ -121,7 +117,7 @@ pub fn enter() -> Door {
         INFLIGHT.fetch_sub(1, SeqCst);
         let t0 = fgpu_common::clock::mono_ns();
         unpark();
-        if let Some((l, slot)) = ledger_file::get() {
+        if let Some((l, slot)) = ledger::get() {
             let waited = fgpu_common::clock::mono_ns().saturating_sub(t0);
             l.slot_park(slot).wait_ns.fetch_add(waited, Relaxed);
         }
@@ -130,8 +126,8 @@ pub fn enter() -> Door {
 
 /// Stamps this process's latest use of the GPU.
 fn touch() {
-    if let Some((l, slot)) = ledger_file::get() {
-        let now = ledger_file::now_ms();
+    if let Some((l, slot)) = ledger::get() {
+        let now = crate::sys::now_ms();
         let a = &l.slot_park(slot).last_active_ms;
         if a.load(Relaxed) != now {
             a.store(now, Relaxed);
@@ -145,7 +141,7 @@ pub fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> Option<CUresult> {
     if dptr.is_null() || bytes == 0 {
         return None;
     }
-    let (l, _) = ledger_file::get()?;
+    let (l, _) = ledger::get()?;
     l.park_after_ms()?;
     if !PARKABLE.load(Relaxed) {
         refresh(l);
@@ -231,7 +227,7 @@ pub fn poll() {
     for p in freed {
         backing::host_free(p as *mut std::ffi::c_void);
     }
-    let Some((l, slot)) = ledger_file::get() else {
+    let Some((l, slot)) = ledger::get() else {
         return;
     };
     if !PARKABLE.load(Relaxed) {
@@ -272,7 +268,7 @@ fn park(l: &Ledger, slot: usize) -> u32 {
         return PARK_OK;
     }
     let after = l.park_after_ms().unwrap_or(0);
-    let idle = ledger_file::now_ms().saturating_sub(sp.last_active_ms.load(SeqCst));
+    let idle = crate::sys::now_ms().saturating_sub(sp.last_active_ms.load(SeqCst));
     if idle < after {
         return PARK_BUSY;
     }
@@ -300,9 +296,9 @@ fn park(l: &Ledger, slot: usize) -> u32 {
         r
     };
     // Calls that passed the door before it closed finish first.
-    let deadline = ledger_file::now_ms() + 2000;
+    let deadline = crate::sys::now_ms() + 2000;
     while INFLIGHT.load(SeqCst) > 0 {
-        if ledger_file::now_ms() > deadline {
+        if crate::sys::now_ms() > deadline {
             return give_up(PARK_BUSY);
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -312,9 +308,7 @@ fn park(l: &Ledger, slot: usize) -> u32 {
     ctxs.sort_unstable();
     ctxs.dedup();
     for c in ctxs {
-        if let Err(e) =
-            backing::in_ctx(c as crate::real::Handle, backing::sync).and_then(|r| r)
-        {
+        if let Err(e) = backing::in_ctx(c as crate::real::Handle, backing::sync).and_then(|r| r) {
             warning!("parking: {} failed ({}); not parked", e.call, e.rc);
             return give_up(PARK_DRIVER_ERROR);
         }
@@ -334,8 +328,8 @@ fn park(l: &Ledger, slot: usize) -> u32 {
             return give_up(PARK_NO_HOST_MEMORY);
         }
         hosts.push(h);
-        if let Err(e) = backing::in_ctx(r.ctx, || backing::copy_out(h, r.va, r.size))
-            .and_then(|r| r)
+        if let Err(e) =
+            backing::in_ctx(r.ctx, || backing::copy_out(h, r.va, r.size)).and_then(|r| r)
         {
             warning!("parking: {} failed ({}); not parked", e.call, e.rc);
             undo(&hosts);
@@ -375,7 +369,7 @@ fn unpark() {
     if PHASE.load(SeqCst) != PARKED {
         return;
     }
-    let Some((l, slot)) = ledger_file::get() else {
+    let Some((l, slot)) = ledger::get() else {
         return;
     };
     let sp = l.slot_park(slot);
@@ -384,9 +378,9 @@ fn unpark() {
     sp.phase.store(UNPARKING, SeqCst);
     let mut recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
     let mut total = 0u64;
-    let mut said = ledger_file::now_ms();
+    let mut said = crate::sys::now_ms();
     let mut stuck = |what: &dyn std::fmt::Display| {
-        let now = ledger_file::now_ms();
+        let now = crate::sys::now_ms();
         if now.saturating_sub(said) >= STUCK_LOG_MS {
             warning!("unparking waits: {what}");
             said = now;

@@ -8,7 +8,7 @@
 
 use fgpu_common::ledger::park::{ROOM_COMING, ROOM_DONE, ROOM_NONE};
 
-use crate::ledger_file;
+use crate::ledger;
 
 /// How long the agent has to take up a request (it looks every 50 ms).
 const ANSWER_MS: u64 = 400;
@@ -18,19 +18,19 @@ const COMING_MS: u64 = 120_000;
 /// Asks for `bytes` of room on ledger device `idx`; true once another container was parked
 /// (retry), false if none will be.
 pub fn ask(idx: usize, bytes: u64) -> bool {
-    if !ledger_file::current().2 {
+    if !ledger::current().2 {
         return false; // no agent
     }
-    let Some((l, slot)) = ledger_file::get() else {
+    let Some((l, slot)) = ledger::get() else {
         return false;
     };
     let sp = l.slot_park(slot);
     let tag = sp.ask_room(slot, idx, bytes);
-    let start = ledger_file::now_ms();
+    let start = crate::sys::now_ms();
     let answer = loop {
         // SAFETY: plain sleep.
         unsafe { libc::usleep(10_000) };
-        let now = ledger_file::now_ms();
+        let now = crate::sys::now_ms();
         let p = l.park();
         let for_us = p.room_for.load(std::sync::atomic::Ordering::SeqCst) == tag;
         let verdict = p.room_verdict.load(std::sync::atomic::Ordering::SeqCst);

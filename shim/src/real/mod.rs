@@ -12,6 +12,8 @@ pub mod hip;
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::marker::PhantomData;
+
+use crate::registered::Registered;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Acquire, Ordering::Release};
 
 pub type CUresult = c_int;
@@ -207,7 +209,7 @@ syms! {
         fn(*mut Handle, CUdevice) -> CUresult;
     CU_DEVICE_PRIMARY_CTX_RELEASE Cuda c"cuDevicePrimaryCtxRelease_v2": fn(CUdevice) -> CUresult;
     CU_DEVICE_PRIMARY_CTX_RESET Cuda c"cuDevicePrimaryCtxReset_v2": fn(CUdevice) -> CUresult;
-    // Launches (compute shares, crate::launch); `_ptsz` variants are separate entries.
+    // Launches (compute shares, crate::cuda::launch); `_ptsz` variants are separate entries.
     CU_LAUNCH_KERNEL Cuda c"cuLaunchKernel": fn(Handle, c_uint, c_uint, c_uint, c_uint, c_uint,
         c_uint, c_uint, Handle, *mut *mut c_void, *mut *mut c_void) -> CUresult;
     CU_LAUNCH_KERNEL_PTSZ Cuda c"cuLaunchKernel_ptsz": fn(Handle, c_uint, c_uint, c_uint, c_uint,
@@ -513,25 +515,22 @@ pub fn resolve(lib: Lib, load: bool) -> bool {
         }
     }
     RESOLVED[lib as usize].store(true, Release);
-    if lib == Lib::Cuda {
-        let f = AFTER_CUDA.load(Acquire);
-        if f != 0 {
-            // SAFETY: only after_cuda_resolved stores here, and it stores a `fn()`.
-            let f = unsafe { std::mem::transmute::<usize, fn()>(f) };
-            f();
-        }
+    if lib == Lib::Cuda
+        && let Some(f) = AFTER_CUDA.get()
+    {
+        f();
     }
     true
 }
 
-/// What runs after every resolution of CUDA's entry points (0: nothing yet): the launch
-/// hooks' installation (crate::hook), registered by lib.rs at load time.
-static AFTER_CUDA: AtomicUsize = AtomicUsize::new(0);
+/// What runs after every resolution of CUDA's entry points (none yet): the launch hooks'
+/// installation (crate::hook), registered by lib.rs at load time.
+static AFTER_CUDA: Registered<fn()> = Registered::new();
 
 /// Registers `f` to run after every resolution of CUDA's entry points; called once, by the
 /// library's constructor, before it resolves anything.
-pub fn after_cuda_resolved(f: fn()) {
-    AFTER_CUDA.store(f as usize, Release);
+pub fn after_cuda_resolved(f: &'static fn()) {
+    AFTER_CUDA.set(f);
 }
 
 /// The function in `$sym` (a [`Sym`]), loading its library if needed; or returns 3 from the

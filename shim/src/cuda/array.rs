@@ -6,13 +6,13 @@
 //! rounded up to the 2 MiB large-page size arrays are laid out in; a mipmapped array with more
 //! than one level charges 4/3 of its first level (the geometric sum of 2D levels), rounded
 //! the same way. Unknown formats count 8 bytes per channel. The context-overhead correction
-//! from NVML's per-process figure (see [`crate::context`]) picks up any difference on real
+//! from NVML's per-process figure (see [`super::context`]) picks up any difference on real
 //! drivers.
 
 #![allow(non_snake_case)]
 
 use crate::account::{self, ARRAYS, Kind, current_ordinal, meta, reserve};
-use crate::ledger_file;
+use crate::ledger;
 use crate::real::{
     self, Array3dDescriptor, ArrayDescriptor, CUDA_ERROR_OUT_OF_MEMORY, CUresult, Handle,
 };
@@ -56,7 +56,7 @@ pub fn footprint(
 }
 
 fn create(api: &str, out: *mut Handle, bytes: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    if !ledger_file::active() || out.is_null() {
+    if !ledger::active() || out.is_null() {
         return call();
     }
     let charge = match reserve(api, current_ordinal(), bytes) {
@@ -77,7 +77,7 @@ fn create(api: &str, out: *mut Handle, bytes: u64, call: impl FnOnce() -> CUresu
 }
 
 fn destroy(h: Handle, call: impl FnOnce() -> CUresult) -> CUresult {
-    if !ledger_file::active() {
+    if !ledger::active() {
         return call();
     }
     let e = ARRAYS.remove(h as u64);

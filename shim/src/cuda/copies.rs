@@ -20,7 +20,7 @@ macro_rules! doors {
             #[unsafe(no_mangle)]
             pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
                 let f = real_or_3!(real::$real);
-                let _door = super::enter();
+                let _door = crate::park::enter();
                 // SAFETY: forwarding the caller's arguments unchanged.
                 unsafe { f($($a),*) }
             }

@@ -17,7 +17,7 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, Kind, POOLS, PTRS, current_ordinal, idx_of, meta, ord_of, reserve};
-use crate::ledger_file;
+use crate::ledger;
 use crate::real::{
     self, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, CUdevice, CUdeviceptr, CUresult,
     Handle, PoolPropsHead,
@@ -35,7 +35,7 @@ fn pool_record(pool: Handle, ord: Option<CUdevice>) -> Option<(usize, CUdevice)>
         return Some((idx_of(&e), ord_of(&e)));
     }
     let ord = ord?;
-    let (l, _) = ledger_file::get()?;
+    let (l, _) = ledger::get()?;
     let idx = account::dev_index(l, ord)?;
     POOLS.insert(Entry {
         key,
@@ -86,7 +86,7 @@ fn pool_alloc(
     pool: Option<Handle>,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    if !ledger_file::active() || dptr.is_null() || bytes == 0 {
+    if !ledger::active() || dptr.is_null() || bytes == 0 {
         return call();
     }
     let cur = current_ordinal();
@@ -212,7 +212,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
     let f = real_or_3!(real::CU_MEM_POOL_CREATE);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(pool, props) };
-    if rc == 0 && ledger_file::active() && !pool.is_null() && !props.is_null() {
+    if rc == 0 && ledger::active() && !pool.is_null() && !props.is_null() {
         // SAFETY: the caller's properties (read by the driver just now).
         let p = unsafe { props.read_unaligned() };
         if p.location_type == CU_MEM_LOCATION_TYPE_DEVICE {
@@ -230,7 +230,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: Handle) -> CUresult {
     // SAFETY: forwarding the caller's argument unchanged.
     let rc = unsafe { f(pool) };
     if rc == 0
-        && ledger_file::active()
+        && ledger::active()
         && let Some(e) = POOLS.remove(pool as u64)
     {
         let key = pool as u64;
@@ -247,7 +247,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CUresult 
     let f = real_or_3!(real::CU_MEM_POOL_TRIM_TO);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(pool, keep) };
-    if rc == 0 && ledger_file::active() {
+    if rc == 0 && ledger::active() {
         let mut rel = 0u64;
         if let Some(e) = POOLS.update(pool as u64, |e| {
             let in_use = e.size - e.aux;

@@ -9,7 +9,7 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, Kind, MAPS, VMM, idx_of, meta, reserve};
-use crate::ledger_file;
+use crate::ledger;
 use crate::real::{
     self, AllocPropHead, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr,
     CUresult, MemHandle,
@@ -45,7 +45,7 @@ pub unsafe extern "C" fn cuMemCreate(
     let f = real_or_3!(real::CU_MEM_CREATE);
     // SAFETY: forwarding the caller's arguments unchanged.
     let call = || unsafe { f(handle, size, prop, flags) };
-    if !ledger_file::active() || handle.is_null() || prop.is_null() {
+    if !ledger::active() || handle.is_null() || prop.is_null() {
         return call();
     }
     // SAFETY: the caller's CUmemAllocationProp (non-NULL), read before the driver reads it.
@@ -82,7 +82,7 @@ pub unsafe extern "C" fn cuMemRelease(handle: MemHandle) -> CUresult {
     let f = real_or_3!(real::CU_MEM_RELEASE);
     // SAFETY: forwarding the caller's argument unchanged.
     let rc = unsafe { f(handle) };
-    if rc == 0 && ledger_file::active() {
+    if rc == 0 && ledger::active() {
         unref(handle);
     }
     rc
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn cuMemMap(
     let f = real_or_3!(real::CU_MEM_MAP);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(ptr, size, offset, handle, flags) };
-    if rc == 0 && ledger_file::active() {
+    if rc == 0 && ledger::active() {
         let tracked = VMM.update(handle, |e| {
             e.aux += 1;
             true
@@ -126,7 +126,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     let f = real_or_3!(real::CU_MEM_UNMAP);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(ptr, size) };
-    if rc == 0 && ledger_file::active() {
+    if rc == 0 && ledger::active() {
         // The range covers whole mappings: walk them from its start.
         let end = ptr.saturating_add(size as u64);
         let mut p = ptr;
@@ -153,7 +153,7 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
     let f = real_or_3!(real::CU_MEM_RETAIN_ALLOCATION_HANDLE);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(handle, addr) };
-    if rc == 0 && ledger_file::active() && !handle.is_null() {
+    if rc == 0 && ledger::active() && !handle.is_null() {
         VMM.update(read(handle.cast_const()), |e| {
             e.aux += 1;
             true

@@ -9,7 +9,7 @@
 
 use crate::account;
 use crate::config;
-use crate::ledger_file;
+use crate::ledger;
 use crate::real::{
     self, Lib, NVML_ERROR_UNINITIALIZED, NvmlDevice, NvmlMemory, NvmlMemoryV2, NvmlProcessInfo,
     NvmlReturn,
@@ -140,7 +140,7 @@ fn view(dev: NvmlDevice) -> Option<(usize, u64)> {
         unsafe { gi(dev, &mut index) };
     }
     let uuid = parse_uuid(&bytes[..len])?;
-    let (l, _) = ledger_file::get()?;
+    let (l, _) = ledger::get()?;
     let idx = l.device_index(&uuid)?;
     let limit = config::get().limit_for_nvml(index, text).min(l.limit(idx));
     (limit != NO_LIMIT).then_some((idx, limit))
@@ -150,8 +150,8 @@ fn with_view(dev: NvmlDevice, total: &mut u64) -> Option<u64> {
     let (idx, limit) = view(dev)?;
     account::check_limit_vs_device(limit, *total, "(NVML)");
     *total = (*total).min(limit);
-    ledger_file::sweep_if_due();
-    let (l, _) = ledger_file::get()?;
+    ledger::sweep_if_due();
+    let (l, _) = ledger::get()?;
     Some(account::used(l, idx))
 }
 
@@ -167,7 +167,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     };
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(dev, mem) };
-    if rc != 0 || mem.is_null() || !ledger_file::active() {
+    if rc != 0 || mem.is_null() || !ledger::active() {
         return rc;
     }
     // SAFETY: the caller's struct, just filled in by NVML.
@@ -195,7 +195,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     };
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(dev, mem) };
-    if rc != 0 || mem.is_null() || !ledger_file::active() {
+    if rc != 0 || mem.is_null() || !ledger::active() {
         return rc;
     }
     // SAFETY: the caller's struct, just filled in by NVML.

@@ -3,12 +3,12 @@
 //! total = min(limit, physical); used = the container's usage in the ledger (all its
 //! processes, context overhead included); free = min(physical free, max(0, total − used)).
 //! The driver's own answer comes first: its errors pass through unchanged, and nothing here
-//! ever fails because usage is over the limit. (NVML's answers are in [`crate::nvml`].)
+//! ever fails because usage is over the limit. (NVML's answers are in [`super::nvml`].)
 
 #![allow(non_snake_case)]
 
 use crate::account::{self, current_ordinal, dev_index};
-use crate::ledger_file;
+use crate::ledger;
 use crate::real::real_or_3;
 use crate::real::{self, CUdevice, CUresult};
 use fgpu_common::ledger::NO_LIMIT;
@@ -20,13 +20,13 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     let f = real_or_3!(real::CU_MEM_GET_INFO);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(free, total) };
-    if rc != 0 || free.is_null() || total.is_null() || !ledger_file::active() {
+    if rc != 0 || free.is_null() || total.is_null() || !ledger::active() {
         return rc;
     }
     let Some(ord) = current_ordinal() else {
         return rc;
     };
-    let Some((l, _)) = ledger_file::get() else {
+    let Some((l, _)) = ledger::get() else {
         return rc;
     };
     let Some(idx) = dev_index(l, ord) else {
@@ -36,8 +36,8 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     if limit == NO_LIMIT {
         return rc;
     }
-    ledger_file::sweep_if_due();
-    crate::context::maybe_refresh_overhead(ord, idx, false);
+    ledger::sweep_if_due();
+    super::context::maybe_refresh_overhead(ord, idx, false);
     // SAFETY: the caller's out-pointers, just written by the driver.
     let (pf, pt) = unsafe { (free.read_unaligned() as u64, total.read_unaligned() as u64) };
     account::check_limit_vs_device(limit, pt, ord);
@@ -58,10 +58,10 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
     let f = real_or_3!(real::CU_DEVICE_TOTAL_MEM);
     // SAFETY: forwarding the caller's arguments unchanged.
     let rc = unsafe { f(bytes, dev) };
-    if rc != 0 || bytes.is_null() || !ledger_file::active() {
+    if rc != 0 || bytes.is_null() || !ledger::active() {
         return rc;
     }
-    let Some((l, _)) = ledger_file::get() else {
+    let Some((l, _)) = ledger::get() else {
         return rc;
     };
     let Some(idx) = dev_index(l, dev) else {

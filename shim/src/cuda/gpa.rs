@@ -9,9 +9,9 @@
 
 #![allow(non_snake_case)]
 
+use super::{alloc, array, context, meminfo, nvml, pool, vmm};
 use crate::real::real_or_3;
 use crate::real::{self, CUresult, Raw};
-use crate::{alloc, array, context, meminfo, nvml, pool, vmm};
 use std::ffi::{c_char, c_int, c_void};
 
 /// The table of wrapped entry points: `REAL => wrapper` pairs, where `real::REAL` (resolved
@@ -78,7 +78,7 @@ wrap_table! {
 }
 
 /// Replaces a real entry point the driver handed out with our wrapper of the same variant.
-/// Launch entry points are wrapped whether or not a limit is set (crate::launch: one atomic
+/// Launch entry points are wrapped whether or not a limit is set (super::launch: one atomic
 /// load while nothing is gated); the others only while the shim enforces.
 fn substitute(pfn: *mut *mut c_void) {
     if pfn.is_null() {
@@ -89,10 +89,10 @@ fn substitute(pfn: *mut *mut c_void) {
     if p == 0 {
         return;
     }
-    let w = match crate::launch::wrapper_by_real(p) {
+    let w = match super::launch::wrapper_by_real(p) {
         Some(w) => Some(w),
-        None if crate::ledger_file::active() => {
-            wrapper_by_real(p).or_else(|| crate::park::copies::wrapper_by_real(p))
+        None if crate::ledger::active() => {
+            wrapper_by_real(p).or_else(|| super::copies::wrapper_by_real(p))
         }
         None => None,
     };

@@ -8,7 +8,7 @@
 #![allow(non_snake_case)]
 
 use crate::account::{self, Kind, PTRS, current_ordinal, meta, reserve};
-use crate::ledger_file;
+use crate::ledger;
 use crate::real::{self, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult, Handle, read, real_or_3};
 use std::ffi::c_uint;
 use std::sync::atomic::Ordering::SeqCst;
@@ -25,7 +25,7 @@ fn linear(
     kind: Kind,
     call: impl Fn() -> CUresult,
 ) -> CUresult {
-    if !ledger_file::active() || dptr.is_null() {
+    if !ledger::active() || dptr.is_null() {
         return call();
     }
     let charge = match reserve(api, current_ordinal(), bytes as u64) {
@@ -108,7 +108,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     let f = real_or_3!(real::CU_MEM_ALLOC_PITCH);
     // SAFETY: forwarding the caller's arguments unchanged (used in all paths below).
     let call = || unsafe { f(dptr, pitch, width, height, elem) };
-    if !ledger_file::active() || dptr.is_null() || pitch.is_null() {
+    if !ledger::active() || dptr.is_null() || pitch.is_null() {
         return call();
     }
     let api = "cuMemAllocPitch_v2";
@@ -150,7 +150,7 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 
 /// Frees pointer `p` with `call`: forgets it first, restores the entry if the call failed.
 fn free_ptr(p: CUdeviceptr, call: impl FnOnce() -> CUresult) -> CUresult {
-    if !ledger_file::active() || p == 0 {
+    if !ledger::active() || p == 0 {
         return call();
     }
     let _door = crate::park::enter();

@@ -19,13 +19,14 @@
 
 #![allow(non_snake_case)]
 
+use super::nvml;
 use crate::account::{self, MANAGED, dev_index, uuid_of_ordinal};
 use crate::config::{self, MAX_ORDINALS};
-use crate::ledger_file::{self, now_ms};
+use crate::ledger;
 use crate::log::{debug, info};
-use crate::nvml;
 use crate::real::real_or_3;
 use crate::real::{self, CUdevice, CUresult, Handle};
+use crate::sys::now_ms;
 use fgpu_common::quantity::Size;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
@@ -39,7 +40,7 @@ fn ordinal(dev: CUdevice) -> Option<usize> {
 
 /// Bytes this process charged on `idx` that the driver also counts (not managed memory).
 fn driver_visible(idx: usize, slot: usize) -> u64 {
-    ledger_file::get().map_or(0, |(l, _)| {
+    ledger::get().map_or(0, |(l, _)| {
         l.slots[slot].used[idx]
             .load(SeqCst)
             .saturating_sub(MANAGED[idx].load(SeqCst))
@@ -47,14 +48,14 @@ fn driver_visible(idx: usize, slot: usize) -> u64 {
 }
 
 fn add_overhead(idx: usize, slot: usize, n: u64) {
-    if let Some((l, _)) = ledger_file::get() {
+    if let Some((l, _)) = ledger::get() {
         l.charge(idx, slot, n);
         l.slots[slot].overhead[idx].fetch_add(n, SeqCst);
     }
 }
 
 fn charge_overhead(dev: CUdevice, before: Option<u64>) {
-    let Some((l, slot)) = ledger_file::get() else {
+    let Some((l, slot)) = ledger::get() else {
         return;
     };
     let Some(idx) = dev_index(l, dev) else {
@@ -104,7 +105,7 @@ pub fn maybe_refresh_overhead(ord: CUdevice, idx: usize, near_limit: bool) {
     {
         return;
     }
-    let Some((l, slot)) = ledger_file::get() else {
+    let Some((l, slot)) = ledger::get() else {
         return;
     };
     let Some(p) = nvml::process_used(&l.device_uuid(idx)) else {
@@ -127,7 +128,7 @@ pub fn maybe_refresh_overhead(ord: CUdevice, idx: usize, near_limit: bool) {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevice) -> CUresult {
     let f = real_or_3!(real::CU_DEVICE_PRIMARY_CTX_RETAIN);
-    let Some(o) = ordinal(dev).filter(|_| ledger_file::active()) else {
+    let Some(o) = ordinal(dev).filter(|_| ledger::active()) else {
         // SAFETY: forwarding the caller's arguments unchanged.
         return unsafe { f(pctx, dev) };
     };
@@ -152,7 +153,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
     // SAFETY: forwarding the caller's argument unchanged.
     let rc = unsafe { f(dev) };
     if rc == 0
-        && ledger_file::active()
+        && ledger::active()
         && let Some(o) = ordinal(dev)
     {
         let prev = CTX_REFS[o].fetch_update(SeqCst, SeqCst, |r| r.checked_sub(1));
@@ -171,7 +172,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     // SAFETY: forwarding the caller's argument unchanged.
     let rc = unsafe { f(dev) };
     if rc == 0
-        && ledger_file::active()
+        && ledger::active()
         && let Some(o) = ordinal(dev)
         && CTX_REFS[o].swap(0, SeqCst) > 0
     {
