@@ -27,8 +27,7 @@ fn row(w: &AgentWorld, cg: &Cgroup) -> serde_json::Value {
     let (ok, out) = w.fgpu(&["status", "--json"]);
     assert!(ok, "fgpu status --json: {out}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
-    v["cgroups"]
-        .as_array()
+    v.as_array()
         .and_then(|a| a.iter().find(|c| c["cgroup"] == cg.path.as_str()))
         .cloned()
         .unwrap_or_else(|| panic!("no row for {} in {out}", cg.path))
@@ -70,12 +69,16 @@ fn privileged_an_idle_parkable_tenant_is_parked_for_another_and_comes_back_byte_
     );
     b.expect("ready");
     let allocs = allocs(&b.lines);
-    assert_eq!(
-        allocs,
-        vec![Ok(512 << 20), Ok(512 << 20)],
-        "b's allocations: {:?}",
-        b.lines
-    );
+    if allocs != vec![Ok(512 << 20), Ok(512 << 20)] {
+        let r = row(&w, &a_cg);
+        drop(b);
+        a.release();
+        panic!(
+            "b's allocations: {allocs:?}\na's row: {r}\na: {}\nagent: {}",
+            a.finish(),
+            _agent.log_text()
+        );
+    }
     let parked = row(&w, &a_cg);
     assert_eq!(parked["parked_bytes"], 512u64 << 20, "{parked}");
     assert_eq!(parked["parks"], 1, "{parked}");

@@ -48,8 +48,15 @@ static LOCK: Mutex<()> = Mutex::new(());
 static PINS: AtomicU32 = AtomicU32::new(0);
 /// Records in [`RECORDS`] (read without the lock).
 static COUNT: AtomicUsize = AtomicUsize::new(0);
-/// Host copies an unpark left for the watcher to free.
-static TO_FREE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+/// Host copies an unpark left for the watcher to free, with their contexts.
+static TO_FREE: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+/// Frees a host copy in its context.
+fn free_host_in(ctx: crate::real::Handle, p: *mut std::ffi::c_void) {
+    if backing::in_ctx(ctx, || backing::host_free(p)).is_err() {
+        backing::host_free(p);
+    }
+}
 /// Closes the launch entry points' fast paths (registered by lib.rs), so that launches pass
 /// the door.
 static CLOSE_FAST_PATHS: Registered<fn()> = Registered::new();
@@ -215,7 +222,9 @@ pub fn free(ptr: CUdeviceptr) -> Option<CUresult> {
         backing::release(rec.handle);
         account::release(rec.idx, rec.size);
     }
-    backing::host_free(rec.host);
+    if !rec.host.is_null() {
+        free_host_in(rec.ctx, rec.host);
+    }
     backing::free_range(rec.va, rec.size);
     Some(0)
 }
@@ -223,9 +232,10 @@ pub fn free(ptr: CUdeviceptr) -> Option<CUresult> {
 /// The watcher thread's look (crate::gate): answers a new park request of the agent, frees
 /// host copies an unpark left behind.
 pub fn poll() {
-    let freed: Vec<usize> = std::mem::take(&mut *TO_FREE.lock().unwrap_or_else(|e| e.into_inner()));
-    for p in freed {
-        backing::host_free(p as *mut std::ffi::c_void);
+    let freed: Vec<(usize, usize)> =
+        std::mem::take(&mut *TO_FREE.lock().unwrap_or_else(|e| e.into_inner()));
+    for (p, ctx) in freed {
+        free_host_in(ctx as crate::real::Handle, p as *mut std::ffi::c_void);
     }
     let Some((l, slot)) = ledger::get() else {
         return;
@@ -315,10 +325,15 @@ fn park(l: &Ledger, slot: usize) -> u32 {
     }
     // Copy everything out first; only then give physical memory back, so that a failure
     // leaves the process as it was.
-    let mut hosts: Vec<*mut std::ffi::c_void> = Vec::with_capacity(recs.len());
-    let undo = |hosts: &[*mut std::ffi::c_void]| hosts.iter().for_each(|&h| backing::host_free(h));
+    let mut hosts: Vec<(*mut std::ffi::c_void, crate::real::Handle)> =
+        Vec::with_capacity(recs.len());
+    let undo = |hosts: &[(*mut std::ffi::c_void, crate::real::Handle)]| {
+        hosts.iter().for_each(|&(h, ctx)| free_host_in(ctx, h))
+    };
     for r in recs.iter() {
-        let h = backing::host_alloc(r.size);
+        // Pinned host memory is the context's (the watcher thread has none of its own).
+        let h =
+            backing::in_ctx(r.ctx, || backing::host_alloc(r.size)).unwrap_or(std::ptr::null_mut());
         if h.is_null() {
             warning!(
                 "parking: no pinned host memory for {} bytes (the container's memory cgroup?); not parked",
@@ -327,7 +342,7 @@ fn park(l: &Ledger, slot: usize) -> u32 {
             undo(&hosts);
             return give_up(PARK_NO_HOST_MEMORY);
         }
-        hosts.push(h);
+        hosts.push((h, r.ctx));
         if let Err(e) =
             backing::in_ctx(r.ctx, || backing::copy_out(h, r.va, r.size)).and_then(|r| r)
         {
@@ -337,7 +352,7 @@ fn park(l: &Ledger, slot: usize) -> u32 {
         }
     }
     let mut total = 0u64;
-    for (r, h) in recs.iter_mut().zip(hosts) {
+    for (r, (h, _)) in recs.iter_mut().zip(hosts) {
         backing::unmap(r.va, r.size);
         backing::release(r.handle);
         account::release(r.idx, r.size);
@@ -418,7 +433,7 @@ fn unpark() {
         TO_FREE
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(r.host as usize);
+            .push((r.host as usize, r.ctx as usize));
         r.host = std::ptr::null_mut();
         r.handle = h;
         total += r.size;
