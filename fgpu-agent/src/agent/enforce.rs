@@ -28,6 +28,7 @@ use fgpu_common::event::KernelLimit;
 use fgpu_common::quantity::Size;
 
 use super::cgroups::{cgroup_id, is_under};
+use super::enforcer::Enforcer;
 use super::limits::{OnExceed, threshold};
 use super::state::State;
 
@@ -115,7 +116,7 @@ pub fn sync(state: &State) -> usize {
 }
 
 /// Checks the kernel's subtree totals against the limits (see the module documentation).
-pub fn reconcile(state: &State) {
+pub fn reconcile(state: &State, enforcer: &mut Enforcer) {
     let want = desired(state);
     let snap = state.kernel.lock().expect("kernel maps lock").snapshot();
     let mut over_now = HashMap::new();
@@ -135,11 +136,10 @@ pub fn reconcile(state: &State) {
             holders.entry(o.cgroup_id).or_insert((pid, o.gpu));
         }
     }
-    let mut over = state.enforce.over.lock().expect("enforcer lock");
-    over.retain(|id, _| over_now.contains_key(id));
+    let over = enforcer.over();
+    over.retain(|id| over_now.contains_key(id));
     for (id, (bytes, limit)) in over_now {
-        let passes = over.entry(id).or_insert(0);
-        *passes += 1;
+        let passes = over.count(id);
         let path = state
             .names
             .lock()
@@ -154,7 +154,7 @@ pub fn reconcile(state: &State) {
             .tally(id)
             .last_record
             .is_some_and(|t| t.elapsed() < RECONCILE_EVERY * 3);
-        if *passes == 1 && !recorded {
+        if passes == 1 && !recorded {
             state.backstop.reconciled(id);
             tracing::warn!(
                 event = "reconcile_over_limit",
@@ -163,15 +163,14 @@ pub fn reconcile(state: &State) {
                 Size(bytes),
                 Size(limit)
             );
-        } else if *passes == 2 && state.on_exceed == OnExceed::Kill {
+        } else if passes == 2 && state.on_exceed == OnExceed::Kill {
             match holders.get(&id) {
                 Some(&(pid, gpu)) => super::devmap::kill_holder(pid, gpu, &path),
                 None => kill_largest(state, &snap.procs, &path),
             }
         }
     }
-    drop(over);
-    super::unseen::reconcile(state, &snap.procs);
+    super::unseen::reconcile(state, &snap.procs, enforcer.unseen());
 }
 
 /// SIGKILLs the process of the subtree `path` that holds the most.
@@ -201,22 +200,23 @@ fn kill_largest(state: &State, procs: &[(u32, fgpu_common::event::ProcUsage)], p
     }
 }
 
-/// Keeps the kernel's limits in sync and reconciles, until the agent stops.
-pub async fn run(state: Arc<State>) {
+/// Keeps the kernel's limits in sync and reconciles, until the agent stops. The loop owns
+/// `enforcer`; the event thread's notices reach it through its channel ([`super::enforcer`]).
+pub async fn run(state: Arc<State>, mut enforcer: Enforcer) {
     let mut tick = tokio::time::interval(SYNC_EVERY);
     let per_reconcile = (RECONCILE_EVERY.as_millis() / SYNC_EVERY.as_millis()) as u32;
     let mut n = 0u32;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = state.enforce.wake.notified() => {}
+            () = enforcer.woken() => {}
         }
         if sync(&state) > 0 {
             state.backstop.limits_changed();
         }
         n = n.wrapping_add(1);
         if n.is_multiple_of(per_reconcile) {
-            reconcile(&state);
+            reconcile(&state, &mut enforcer);
         }
     }
 }

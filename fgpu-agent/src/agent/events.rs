@@ -12,6 +12,7 @@ use aya::maps::{MapData, RingBuf};
 use fgpu_common::event::{ApiId, Event, EventKind};
 use tokio::io::unix::AsyncFd;
 
+use super::enforcer::Notices;
 use super::state::State;
 
 pub fn ring(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
@@ -21,7 +22,8 @@ pub fn ring(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
     Ok(RingBuf::try_from(map)?)
 }
 
-pub async fn drain(ring: RingBuf<MapData>, state: Arc<State>) -> Result<()> {
+/// Drains the ring buffer until the agent stops; `enforcer`: the enforce loop's notices.
+pub async fn drain(ring: RingBuf<MapData>, state: Arc<State>, enforcer: Notices) -> Result<()> {
     // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as long
     // as the RingBuf lives, and the AsyncFd owns the RingBuf.
     let mut fd = unsafe { AsyncFd::register(ring) }
@@ -31,14 +33,14 @@ pub async fn drain(ring: RingBuf<MapData>, state: Arc<State>) -> Result<()> {
         let ring = guard.get_inner_mut();
         while let Some(item) = ring.next() {
             if let Some(event) = Event::from_bytes(&item) {
-                record(&state, &event);
+                record(&state, &enforcer, &event);
             }
         }
         guard.clear_ready();
     }
 }
 
-fn record(state: &State, e: &Event) {
+fn record(state: &State, enforcer: &Notices, e: &Event) {
     let api = ApiId::from_raw(e.api).map_or("-", ApiId::name);
     let counter = match EventKind::from_raw(e.kind) {
         Some(EventKind::Alloc) => &state.events.allocs,
@@ -52,11 +54,11 @@ fn record(state: &State, e: &Event) {
         Some(EventKind::Exec) => {
             // The watcher may be gone only while the agent shuts down.
             let _ = state.exec_tx.send(e.tgid);
-            state.enforce.note_cgroup(e.cgroup_id);
+            enforcer.exec_in(e.cgroup_id);
             return;
         }
         Some(EventKind::CgroupGone) => {
-            state.enforce.cgroup_gone(e.cgroup_id);
+            enforcer.cgroup_gone(e.cgroup_id);
             state
                 .names
                 .lock()

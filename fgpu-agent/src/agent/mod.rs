@@ -256,7 +256,6 @@ pub fn run(args: AgentArgs) -> Result<()> {
         access,
         ledgers: ledgers::Ledgers::default(),
         backstop: backstop::Backstop::default(),
-        enforce: enforcer::Enforcer::default(),
         shims: budget::Shims::default(),
         on_exceed: args.on_exceed,
         unseen_tolerance: args.unseen_tolerance,
@@ -297,7 +296,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
             libraries = ?state.libraries.lock().expect("libraries lock"),
             "fgpu agent ready"
         );
-        let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state)));
+        // The enforce loop owns its enforcer; the event thread tells it of execs and removed
+        // cgroups through the channel's other end.
+        let (enforcer, notices) = enforcer::channel();
+        let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state), notices));
         let publisher_task = tokio::spawn(publisher::run(Arc::clone(&state)));
         let eventlog_task = tokio::spawn(metrics::eventlog::run(Arc::clone(&state)));
         if let Some(m) = &metrics {
@@ -320,7 +322,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
             doors::Limits::admin(),
             Arc::clone(&state),
         );
-        let enforce_task = tokio::spawn(enforce::run(Arc::clone(&state)));
+        let enforce_task = tokio::spawn(enforce::run(Arc::clone(&state), enforcer));
         let bound_task = tokio::spawn(apply::run_bound(Arc::clone(&state)));
         let served = tokio::select! {
             () = serve_containers => Ok(()),

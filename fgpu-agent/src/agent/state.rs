@@ -8,16 +8,15 @@
 //! Where the agent holds one of these locks while it takes another, it does so in this order
 //! only (as the code stands; a lock never waits on one listed before it):
 //!
-//! 1. the enforcer's passes: `enforce.over` (the kernel's count), or `enforce.unseen` (the
-//!    driver's), never both;
-//! 2. `names`;
-//! 3. `limits`;
-//! 4. the parts taken last, each with none of the others: the ledgers' map, or one ledger's
+//! 1. `names`;
+//! 2. `limits`;
+//! 3. the parts taken last, each with none of the others: the ledgers' map, or one ledger's
 //!    team; `shims`; the compute figures; the backstop's tallies; `libraries`.
 //!
-//! `kernel`, `bound` and `enforce.seen` are taken with no other lock of the state held, and
-//! none is taken under them. Outside the state, the metrics listener's cache is held while a
-//! scrape takes its sample, so it comes before all of the above.
+//! `kernel` and `bound` are taken with no other lock of the state held, and none is taken
+//! under them. The enforce loop's memory ([`super::enforcer`]) is no part of the state: the
+//! loop owns it and takes no lock for it. Outside the state, the metrics listener's cache is
+//! held while a scrape takes its sample, so it comes before all of the above.
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -28,7 +27,6 @@ use super::backstop::Backstop;
 use super::bound::Bound;
 use super::cgroups::CgroupNames;
 use super::compute::ComputeStatus;
-use super::enforcer::Enforcer;
 use super::gpus::Gpus;
 use super::kernel::KernelMaps;
 use super::ledgers::Ledgers;
@@ -48,8 +46,6 @@ pub struct State {
     pub backstop: Backstop,
     /// Shims that said Hello, by ledger ([`super::budget`]).
     pub shims: Shims,
-    /// What kernel limits sync and reconcile remember ([`super::enforce`]).
-    pub enforce: Enforcer,
     pub on_exceed: OnExceed,
     /// `--unseen-tolerance` (see [`super::unseen`]).
     pub unseen_tolerance: u64,

@@ -30,6 +30,7 @@ use fgpu_common::event::ProcUsage;
 use fgpu_common::quantity::Size;
 
 use super::cgroups::is_under;
+use super::enforcer::Passes;
 use super::state::State;
 
 /// Default `--unseen-tolerance`: above a PyTorch process's context and lazily loaded modules
@@ -137,8 +138,9 @@ fn holders(state: &State, procs: &[(u32, ProcUsage)]) -> HashMap<u32, Vec<Holder
     out
 }
 
-/// One pass (from [`super::enforce::reconcile`]): reports and, by policy, kills.
-pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
+/// One pass (from [`super::enforce::reconcile`]): reports and, by policy, kills. `passes`:
+/// the enforce loop's count of consecutive passes over, by (cgroup, GPU).
+pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)], passes: &mut Passes<(String, u32)>) {
     let limits = limits(state);
     if limits.is_empty() {
         return;
@@ -146,13 +148,11 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
     let holders = holders(state, procs);
     tracing::trace!(?holders, "the driver's per-process figures");
     let found = over(&limits, &holders, state.unseen_tolerance);
-    let mut passes = state.enforce.unseen.0.lock().expect("unseen passes lock");
-    passes.retain(|key, _| found.iter().any(|o| (&o.cgroup, o.gpu) == (&key.0, key.1)));
+    passes.retain(|key| found.iter().any(|o| (&o.cgroup, o.gpu) == (&key.0, key.1)));
     for o in found {
-        let n = passes.entry((o.cgroup.clone(), o.gpu)).or_insert(0);
-        *n += 1;
+        let n = passes.count((o.cgroup.clone(), o.gpu));
         let unseen = o.victim.as_ref().map_or(0, Holder::unseen);
-        if *n == 1 {
+        if n == 1 {
             if let Some(id) = super::cgroups::cgroup_id(&state.cgroup2_mount, &o.cgroup) {
                 state.backstop.reconciled(id);
             }
