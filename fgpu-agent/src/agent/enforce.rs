@@ -27,7 +27,7 @@ use std::time::Duration;
 use fgpu_common::event::KernelLimit;
 use fgpu_common::quantity::Size;
 
-use super::cgroups::{cgroup_id, is_under};
+use super::cgroups::is_under;
 use super::enforcer::Enforcer;
 use super::limits::{OnExceed, threshold};
 use super::state::State;
@@ -39,7 +39,7 @@ const _: () =
 
 /// The `limits` map as it should be.
 pub fn desired(state: &State) -> HashMap<u64, KernelLimit> {
-    let flags = match state.on_exceed {
+    let flags = match state.on_exceed() {
         OnExceed::Kill => KernelLimit::KILL,
         OnExceed::Deny => 0,
     };
@@ -51,12 +51,12 @@ pub fn desired(state: &State) -> HashMap<u64, KernelLimit> {
             pad: 0,
         },
     )]);
-    let store = state.limits.lock().expect("limits lock");
+    let store = state.limits();
     for (path, limit) in store.all() {
-        let Some(bytes) = threshold(&state.gpus.devices, limit) else {
+        let Some(bytes) = threshold(state.devices(), limit) else {
             continue;
         };
-        if let Some(id) = cgroup_id(&state.cgroup2_mount, path) {
+        if let Some(id) = state.cgroup_id(path) {
             out.insert(
                 id,
                 KernelLimit {
@@ -73,18 +73,17 @@ pub fn desired(state: &State) -> HashMap<u64, KernelLimit> {
 /// Each limited cgroup's own memory limit per GPU (NVML index), by cgroup id: only GPUs it
 /// has a limit on.
 fn per_gpu_limits(state: &State) -> HashMap<u64, HashMap<u32, u64>> {
-    let store = state.limits.lock().expect("limits lock");
+    let store = state.limits();
     store
         .all()
         .filter(|(_, l)| l.has_memory())
         .filter_map(|(path, l)| {
             let per: HashMap<u32, u64> = state
-                .gpus
-                .devices
+                .devices()
                 .iter()
                 .filter_map(|g| Some((g.index, l.memory_on(&g.uuid)?)))
                 .collect();
-            Some((cgroup_id(&state.cgroup2_mount, path)?, per))
+            Some((state.cgroup_id(path)?, per))
         })
         .collect()
 }
@@ -92,7 +91,7 @@ fn per_gpu_limits(state: &State) -> HashMap<u64, HashMap<u32, u64>> {
 /// Writes the `limits` map from the limit store; returns how many entries changed.
 pub fn sync(state: &State) -> usize {
     let want = desired(state);
-    let mut kernel = state.kernel.lock().expect("kernel maps lock");
+    let mut kernel = state.kernel();
     let have: HashMap<u64, KernelLimit> = kernel.limits().into_iter().collect();
     let mut changed = 0;
     for (id, limit) in &want {
@@ -118,7 +117,7 @@ pub fn sync(state: &State) -> usize {
 /// Checks the kernel's subtree totals against the limits (see the module documentation).
 pub fn reconcile(state: &State, enforcer: &mut Enforcer) {
     let want = desired(state);
-    let snap = state.kernel.lock().expect("kernel maps lock").snapshot();
+    let snap = state.kernel().snapshot();
     let mut over_now = HashMap::new();
     for (key, bytes) in &snap.tree {
         let Some(limit) = want.get(&key.cgroup_id).filter(|_| key.cgroup_id != 0) else {
@@ -130,7 +129,7 @@ pub fn reconcile(state: &State, enforcer: &mut Enforcer) {
     }
     // Per GPU, where the agent can place the kernel's bytes (super::devmap).
     let mut holders = HashMap::new();
-    for o in super::devmap::over_on_one_gpu(&state.kernel, &state.gpus, &per_gpu_limits(state)) {
+    for o in state.over_on_one_gpu(&per_gpu_limits(state)) {
         over_now.entry(o.cgroup_id).or_insert((o.bytes, o.limit));
         if let Some(pid) = o.holder {
             holders.entry(o.cgroup_id).or_insert((pid, o.gpu));
@@ -140,22 +139,17 @@ pub fn reconcile(state: &State, enforcer: &mut Enforcer) {
     over.retain(|id| over_now.contains_key(id));
     for (id, (bytes, limit)) in over_now {
         let passes = over.count(id);
-        let path = state
-            .names
-            .lock()
-            .expect("cgroup names lock")
-            .path_of(id)
-            .unwrap_or_else(|| format!("cgroup {id}"));
+        let path = state.path_of(id).unwrap_or_else(|| format!("cgroup {id}"));
         // The kernel's own record of the crossing explains an overrun it reported lately
         // (with `deny` the subtree stays over); one without such a record (lost in a full
         // ring buffer, or a limit lowered below what is held) is reported here.
         let recorded = state
-            .backstop
+            .backstop()
             .tally(id)
             .last_record
             .is_some_and(|t| t.elapsed() < RECONCILE_EVERY * 3);
         if passes == 1 && !recorded {
-            state.backstop.reconciled(id);
+            state.backstop().reconciled(id);
             tracing::warn!(
                 event = "reconcile_over_limit",
                 cgroup = path,
@@ -163,7 +157,7 @@ pub fn reconcile(state: &State, enforcer: &mut Enforcer) {
                 Size(bytes),
                 Size(limit)
             );
-        } else if passes == 2 && state.on_exceed == OnExceed::Kill {
+        } else if passes == 2 && state.on_exceed() == OnExceed::Kill {
             match holders.get(&id) {
                 Some(&(pid, gpu)) => super::devmap::kill_holder(pid, gpu, &path),
                 None => kill_largest(state, &snap.procs, &path),
@@ -175,7 +169,7 @@ pub fn reconcile(state: &State, enforcer: &mut Enforcer) {
 
 /// SIGKILLs the process of the subtree `path` that holds the most.
 fn kill_largest(state: &State, procs: &[(u32, fgpu_common::event::ProcUsage)], path: &str) {
-    let mut names = state.names.lock().expect("cgroup names lock");
+    let mut names = state.names();
     let victim = procs
         .iter()
         .filter(|(_, p)| p.bytes > 0)
@@ -212,7 +206,7 @@ pub async fn run(state: Arc<State>, mut enforcer: Enforcer) {
             () = enforcer.woken() => {}
         }
         if sync(&state) > 0 {
-            state.backstop.limits_changed();
+            state.backstop().limits_changed();
         }
         n = n.wrapping_add(1);
         if n.is_multiple_of(per_reconcile) {

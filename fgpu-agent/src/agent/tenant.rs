@@ -35,7 +35,7 @@ const SHARED: [&str; 7] = [
 pub fn key(state: &State, caller: &Caller) -> String {
     match &caller.cgroup {
         Some(cg) => {
-            let store = state.limits.lock().expect("limits lock");
+            let store = state.limits();
             tenant_of(&store, cg)
         }
         None => format!("uid:{}", caller.peer.uid),

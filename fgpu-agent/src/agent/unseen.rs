@@ -104,10 +104,10 @@ pub fn over(
 
 /// Each limited cgroup's memory limit on each GPU: (path, NVML index, bytes).
 fn limits(state: &State) -> Vec<(String, u32, u64)> {
-    let store = state.limits.lock().expect("limits lock");
+    let store = state.limits();
     let mut out = Vec::new();
     for (path, l) in store.all().filter(|(_, l)| l.has_memory()) {
-        for g in &state.gpus.devices {
+        for g in state.devices() {
             if let Some(bytes) = l.memory_on(&g.uuid) {
                 out.push((path.clone(), g.index, bytes));
             }
@@ -121,7 +121,7 @@ fn holders(state: &State, procs: &[(u32, ProcUsage)]) -> HashMap<u32, Vec<Holder
     let kernel: HashMap<u32, u64> = procs.iter().map(|(pid, p)| (*pid, p.bytes)).collect();
     let mut cgroups: HashMap<u32, Option<String>> = HashMap::new();
     let mut out: HashMap<u32, Vec<Holder>> = HashMap::new();
-    for (gpu, pid, driver_bytes) in super::devmap::nvml_process_memory(&state.gpus) {
+    for (gpu, pid, driver_bytes) in super::devmap::nvml_process_memory(state.gpus()) {
         let cgroup = cgroups
             .entry(pid)
             .or_insert_with(|| super::pidfd::cgroup_of_pid(pid))
@@ -147,14 +147,14 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)], passes: &mut Passes<
     }
     let holders = holders(state, procs);
     tracing::trace!(?holders, "the driver's per-process figures");
-    let found = over(&limits, &holders, state.unseen_tolerance);
+    let found = over(&limits, &holders, state.unseen_tolerance());
     passes.retain(|key| found.iter().any(|o| (&o.cgroup, o.gpu) == (&key.0, key.1)));
     for o in found {
         let n = passes.count((o.cgroup.clone(), o.gpu));
         let unseen = o.victim.as_ref().map_or(0, Holder::unseen);
         if n == 1 {
-            if let Some(id) = super::cgroups::cgroup_id(&state.cgroup2_mount, &o.cgroup) {
-                state.backstop.reconciled(id);
+            if let Some(id) = state.cgroup_id(&o.cgroup) {
+                state.backstop().reconciled(id);
             }
             tracing::warn!(
                 event = "unseen_over_limit",
@@ -166,9 +166,9 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)], passes: &mut Passes<
                 Size(o.driver_bytes),
                 o.gpu,
                 Size(o.limit),
-                Size(state.unseen_tolerance)
+                Size(state.unseen_tolerance())
             );
-        } else if state.on_exceed == super::limits::OnExceed::Kill
+        } else if state.on_exceed() == super::limits::OnExceed::Kill
             && let Some(v) = &o.victim
         {
             // Through a pidfd, and only if the PID still names a process of the subtree (a

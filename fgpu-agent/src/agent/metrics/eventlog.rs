@@ -20,7 +20,7 @@ pub async fn run(state: Arc<State>) {
     let mut tick = tokio::time::interval(EVERY);
     loop {
         tick.tick().await;
-        let ledgers = state.ledgers.all();
+        let ledgers = state.ledgers().all();
         seen.retain(|cgroup, _| ledgers.iter().any(|l| &l.cgroup == cgroup));
         for l in &ledgers {
             let total = l.denied();
@@ -28,12 +28,7 @@ pub async fn run(state: Arc<State>) {
             if total <= before {
                 continue;
             }
-            let effective = state
-                .limits
-                .lock()
-                .expect("limits lock")
-                .effective(&l.cgroup)
-                .0;
+            let effective = state.limits().effective(&l.cgroup).0;
             let limit = effective.memory_bytes;
             // Per-GPU limits are named with their GPUs (the denial's GPU is not recorded).
             let per_gpu = (!effective.memory_gpus.is_empty()).then(|| {
