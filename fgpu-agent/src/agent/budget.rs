@@ -34,11 +34,11 @@ use super::cgroups::is_under;
 use super::gpus::uuid_bytes;
 use super::ledgers::CgroupLedger;
 
-use super::limits::{LimitStore, ancestors};
+use super::limits::{LimitView, ancestors};
 use super::state::State;
 
 /// The cgroup whose ledger a process in `cgroup` shares (see the module documentation).
-pub fn ledger_for(store: &LimitStore, cgroup: &str) -> String {
+pub fn ledger_for(store: &LimitView, cgroup: &str) -> String {
     let mut compute_override = false;
     for path in ancestors(cgroup) {
         let Some(own) = store.own(path) else {
@@ -373,6 +373,7 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::limits::LimitStore;
     use crate::api::Limit;
 
     const GIB: u64 = 1 << 30;

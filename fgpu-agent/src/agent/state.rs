@@ -2,8 +2,8 @@
 //! [`super::run`] ([`State::new`]) and shared behind an `Arc`. The fields are private: other
 //! modules reach a part through a method named for what they need (a part with locks of its
 //! own by reference, a locked part as its guard, and narrower operations where a caller only
-//! reads or does one thing: a cgroup's id or directory, a cgroup's path, the node's GPUs,
-//! binding a limit to its cgroup). What reads or changes the parts lives in their own modules
+//! reads or does one thing: a cgroup's id or directory, cgroups' paths, the node's GPUs, a
+//! copy of the limits, binding a limit to its cgroup). What reads or changes the parts lives in their own modules
 //! ([`super::report`] builds the status report from a `&State`, [`super::apply`] is the one
 //! place that reacts to a limit change).
 //!
@@ -12,17 +12,41 @@
 //! Where the agent holds one of these locks while it takes another, it does so in this order
 //! only (as the code stands; a lock never waits on one listed before it):
 //!
-//! 1. `names` ([`State::names`], [`State::path_of`]);
-//! 2. `limits` ([`State::limits`]);
+//! 1. `names` ([`State::names`], [`State::paths_of`], [`State::forget_cgroup`]);
+//! 2. `limits` ([`State::limits`], [`State::limits_view`], [`State::memory_limits`]);
 //! 3. the parts taken last, each with none of the others: the ledgers' map, or one ledger's
 //!    team; `shims`; the compute figures; the backstop's tallies; `libraries`.
+//!
+//! (No pass holds `names` and `limits` together now: the status report copies what it reads
+//! of each, one after the other. The budget pass holds `names` while it asks `shims`; a limit
+//! change holds `limits` while it sets each ledger's team and limit.)
 //!
 //! `kernel` ([`State::kernel`] and the figures placed on GPUs, [`State::tree_by_gpu`] and
 //! the like) and `bound` are taken with no other lock of the state held, and none is taken
 //! under them. The enforce loop's memory ([`super::enforcer`]) is no part of the state: the
 //! loop owns it and takes no lock for it. Outside the state, the metrics listener's cache is
 //! held while a scrape takes its sample, so it comes before all of the above.
+//!
+//! # One snapshot per pass
+//!
+//! The periodic passes read the limits and the cgroups' names once each, at the start of the
+//! pass or as soon as they know what they need, and work from that copy:
+//!
+//! - the enforce loop ([`super::enforce`]), at each tick: one copy of the memory limits
+//!   ([`State::memory_limits`]) and the kernel's `limits` map made from it, for its sync and,
+//!   every second, its reconcile pass, which looks up the paths of the cgroups it found over
+//!   (and, where it is to kill the largest holder, of the processes' cgroups) under one lock
+//!   of the names ([`State::paths_of`]); the driver's check ([`super::unseen`]) in that pass
+//!   reads the same copy;
+//! - the status report ([`super::report`], also each metrics sample): the paths of its rows
+//!   under one lock of the names, a copy of the limits and the pods' names
+//!   ([`State::limits_view`]), every cgroup's backstop tally, the ledgers, each taken once;
+//! - the denial log ([`super::metrics`]' eventlog), each second: one copy of the limits,
+//!   taken when a ledger first needs it;
+//! - the budget pass ([`super::budget::refresh`]) took the limits once and the names once
+//!   already (the limited cgroups and each ledger's effective limit, copied under one lock).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -38,9 +62,10 @@ use super::devmap::OverOnGpu;
 use super::gpus::{Gpu, Gpus};
 use super::kernel::{KernelMaps, Snapshot};
 use super::ledgers::Ledgers;
-use super::limits::{LimitStore, OnExceed};
+use super::limits::{LimitStore, LimitView, OnExceed};
 use super::peer::Access;
 use super::shims::Shims;
+use crate::api::Limit;
 
 pub struct State {
     cgroup2_mount: PathBuf,
@@ -197,14 +222,39 @@ impl State {
         self.limits.lock().expect("limits lock")
     }
 
+    /// A copy of the limits and the pods' names (one lock), for a pass that reads them
+    /// throughout.
+    pub fn limits_view(&self) -> LimitView {
+        self.limits().view()
+    }
+
+    /// Every cgroup's own limit that sets memory, by path, copied under one lock.
+    pub fn memory_limits(&self) -> Vec<(String, Limit)> {
+        self.limits()
+            .all()
+            .filter(|(_, l)| l.has_memory())
+            .map(|(path, l)| (path.clone(), l.clone()))
+            .collect()
+    }
+
     /// The cgroup names (id -> path), locked: for a caller that looks up many.
     pub fn names(&self) -> MutexGuard<'_, CgroupNames> {
         self.names.lock().expect("cgroup names lock")
     }
 
-    /// The path of cgroup `id` (one lock of the names).
-    pub fn path_of(&self, id: u64) -> Option<String> {
-        self.names().path_of(id)
+    /// The paths of cgroups `ids`, under one lock of the names; ids without one are left
+    /// out.
+    pub fn paths_of(&self, ids: impl IntoIterator<Item = u64>) -> HashMap<u64, String> {
+        let mut names = self.names();
+        let mut out = HashMap::new();
+        for id in ids {
+            if let std::collections::hash_map::Entry::Vacant(e) = out.entry(id)
+                && let Some(path) = names.path_of(id)
+            {
+                e.insert(path);
+            }
+        }
+        out
     }
 
     /// Cgroup `id` was removed: its name is forgotten.
@@ -228,15 +278,12 @@ impl State {
     }
 
     /// The GPUs each process's kernel bytes are on ([`super::devmap::process_gpus`]).
-    pub fn process_gpus(&self) -> std::collections::HashMap<u32, Vec<(u32, u64)>> {
+    pub fn process_gpus(&self) -> HashMap<u32, Vec<(u32, u64)>> {
         super::devmap::process_gpus(&self.kernel, &self.gpus)
     }
 
     /// Limited subtrees over their limit on one GPU ([`super::devmap::over_on_one_gpu`]).
-    pub fn over_on_one_gpu(
-        &self,
-        limits: &std::collections::HashMap<u64, std::collections::HashMap<u32, u64>>,
-    ) -> Vec<OverOnGpu> {
+    pub fn over_on_one_gpu(&self, limits: &HashMap<u64, HashMap<u32, u64>>) -> Vec<OverOnGpu> {
         super::devmap::over_on_one_gpu(&self.kernel, &self.gpus, limits)
     }
 

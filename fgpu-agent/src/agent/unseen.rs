@@ -31,7 +31,9 @@ use fgpu_common::quantity::Size;
 
 use super::cgroups::is_under;
 use super::enforcer::Passes;
+use super::gpus::Gpu;
 use super::state::State;
+use crate::api::Limit;
 
 /// Default `--unseen-tolerance`: above a PyTorch process's context and lazily loaded modules
 /// on an H200 (about 0.6 GiB, docs/design.md section 2).
@@ -102,12 +104,12 @@ pub fn over(
     out
 }
 
-/// Each limited cgroup's memory limit on each GPU: (path, NVML index, bytes).
-fn limits(state: &State) -> Vec<(String, u32, u64)> {
-    let store = state.limits();
+/// Each limited cgroup's memory limit on each GPU: (path, NVML index, bytes), from `limits`
+/// (the pass's copy of the memory limits, by cgroup path).
+fn per_gpu(limits: &[(String, Limit)], gpus: &[Gpu]) -> Vec<(String, u32, u64)> {
     let mut out = Vec::new();
-    for (path, l) in store.all().filter(|(_, l)| l.has_memory()) {
-        for g in state.devices() {
+    for (path, l) in limits.iter().filter(|(_, l)| l.has_memory()) {
+        for g in gpus {
             if let Some(bytes) = l.memory_on(&g.uuid) {
                 out.push((path.clone(), g.index, bytes));
             }
@@ -138,10 +140,16 @@ fn holders(state: &State, procs: &[(u32, ProcUsage)]) -> HashMap<u32, Vec<Holder
     out
 }
 
-/// One pass (from [`super::enforce::reconcile`]): reports and, by policy, kills. `passes`:
-/// the enforce loop's count of consecutive passes over, by (cgroup, GPU).
-pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)], passes: &mut Passes<(String, u32)>) {
-    let limits = limits(state);
+/// One pass (from [`super::enforce::reconcile`]): reports and, by policy, kills. `limits`:
+/// the pass's copy of the memory limits, by cgroup path; `passes`: the enforce loop's count
+/// of consecutive passes over, by (cgroup, GPU).
+pub fn reconcile(
+    state: &State,
+    limits: &[(String, Limit)],
+    procs: &[(u32, ProcUsage)],
+    passes: &mut Passes<(String, u32)>,
+) {
+    let limits = per_gpu(limits, state.devices());
     if limits.is_empty() {
         return;
     }

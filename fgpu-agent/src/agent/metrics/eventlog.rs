@@ -21,6 +21,8 @@ pub async fn run(state: Arc<State>) {
     loop {
         tick.tick().await;
         let ledgers = state.ledgers().all();
+        // One copy of the limits for the pass, taken when a ledger first needs it.
+        let mut limits = None;
         seen.retain(|cgroup, _| ledgers.iter().any(|l| &l.cgroup == cgroup));
         for l in &ledgers {
             let total = l.denied();
@@ -28,7 +30,10 @@ pub async fn run(state: Arc<State>) {
             if total <= before {
                 continue;
             }
-            let effective = state.limits().effective(&l.cgroup).0;
+            let effective = limits
+                .get_or_insert_with(|| state.limits_view())
+                .effective(&l.cgroup)
+                .0;
             let limit = effective.memory_bytes;
             // Per-GPU limits are named with their GPUs (the denial's GPU is not recorded).
             let per_gpu = (!effective.memory_gpus.is_empty()).then(|| {
