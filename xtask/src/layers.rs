@@ -93,7 +93,7 @@ pub const AGENT: Crate = Crate {
         &["adopt", "backstop", "devmap", "peer", "shims", "watcher"],
         // The ledgers and the compute controller that schedules them.
         &["compute", "ledgers"],
-        // The record of every part.
+        // The shared state: every part, behind its methods.
         &["state"],
         &["budget", "events", "tenant", "unseen"],
         &["enforce", "publisher", "report"],
