@@ -3,9 +3,9 @@
 //! modules reach a part through a method named for what they need (a part with locks of its
 //! own by reference, a locked part as its guard, and narrower operations where a caller only
 //! reads or does one thing: a cgroup's id or directory, cgroups' paths, the node's GPUs, a
-//! copy of the limits, binding a limit to its cgroup). What reads or changes the parts lives in their own modules
-//! ([`super::report`] builds the status report from a `&State`, [`super::apply`] is the one
-//! place that reacts to a limit change).
+//! copy of the limits, binding a limit to its cgroup). What reads or changes the parts lives
+//! in their own modules ([`super::report`] builds the status report from a `&State`,
+//! [`super::apply`] is the one place that reacts to a limit change).
 //!
 //! # Lock order
 //!
