@@ -124,7 +124,7 @@ pub const AGENT: Crate = Crate {
         &["compute", "ledgers"],
         // Parking's broker (over the ledgers).
         &["park"],
-        // The record of every part.
+        // The shared state: every part, behind its methods.
         &["state"],
         &["budget", "events", "tenant", "unseen"],
         &["enforce", "publisher", "report"],

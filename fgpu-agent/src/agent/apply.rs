@@ -16,32 +16,28 @@ pub const CHECK_EVERY: Duration = Duration::from_millis(500);
 /// After a limit changed: tells the backstop, writes the kernel's limits, every ledger's
 /// team and effective limit, and the hierarchical budgets.
 pub fn limits_changed(state: &State) {
-    state.backstop.limits_changed();
+    state.backstop().limits_changed();
     super::enforce::sync(state);
     {
-        let limits = state.limits.lock().expect("limits lock");
-        for ledger in state.ledgers.all() {
+        let limits = state.limits();
+        for ledger in state.ledgers().all() {
             ledger.set_team(super::compute::team::TeamSpec::of(&limits, &ledger.cgroup));
             ledger.apply(&limits.effective(&ledger.cgroup).0);
         }
     }
-    let tree = super::devmap::tree(&state.kernel, &state.gpus);
+    let tree = state.tree_by_gpu();
     super::budget::refresh(state, &super::budget::tree_by_key(&tree));
 }
 
 /// Removes the limits of bound cgroups ([`super::bound`]) that are gone; returns how many.
 pub fn sweep_bound(state: &State) -> usize {
-    let gone = state
-        .bound
-        .lock()
-        .expect("bound lock")
-        .gone(&state.cgroup2_mount);
+    let gone = state.bound_gone();
     if gone.is_empty() {
         return 0;
     }
     let mut removed = 0;
     {
-        let mut limits = state.limits.lock().expect("limits lock");
+        let mut limits = state.limits();
         for cgroup in &gone {
             match limits.remove(cgroup) {
                 Ok(Some(_)) => {
@@ -59,7 +55,7 @@ pub fn sweep_bound(state: &State) -> usize {
             }
         }
     }
-    if let Err(err) = state.bound.lock().expect("bound lock").forget(&gone) {
+    if let Err(err) = state.unbind(&gone) {
         tracing::warn!("{err:#}");
     }
     if removed > 0 {

@@ -43,6 +43,13 @@ pub struct Tally {
     last_reconciled: Option<std::time::Instant>,
 }
 
+impl Tally {
+    /// How many times the policy acted (kernel records and reconcile passes).
+    pub fn actions(&self) -> u64 {
+        self.over_limit + self.over_bound + self.reconciled
+    }
+}
+
 /// How recent a reconcile pass's finding is for an over-limit record to explain it: three
 /// reconcile passes ([`super::enforce::RECONCILE_EVERY`] checks that it is).
 pub const RECONCILED_RECENTLY: std::time::Duration = std::time::Duration::from_secs(3);
@@ -65,10 +72,9 @@ impl Backstop {
             .unwrap_or_default()
     }
 
-    /// How many times the policy acted on a cgroup (kernel records and reconcile passes).
-    pub fn actions(&self, cgroup_id: u64) -> u64 {
-        let t = self.tally(cgroup_id);
-        t.over_limit + t.over_bound + t.reconciled
+    /// Every cgroup's tally, copied under one lock (for a pass over many cgroups).
+    pub fn tallies(&self) -> HashMap<u64, Tally> {
+        self.tallies.lock().expect("backstop lock").clone()
     }
 
     /// The reconcile pass found the cgroup over its limit.

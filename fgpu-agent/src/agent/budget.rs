@@ -34,13 +34,11 @@ use super::cgroups::is_under;
 use super::gpus::uuid_bytes;
 use super::ledgers::CgroupLedger;
 
-use super::limits::{LimitStore, ancestors};
+use super::limits::{LimitView, ancestors};
 use super::state::State;
 
-pub use super::shims::Shims;
-
 /// The cgroup whose ledger a process in `cgroup` shares (see the module documentation).
-pub fn ledger_for(store: &LimitStore, cgroup: &str) -> String {
+pub fn ledger_for(store: &LimitView, cgroup: &str) -> String {
     let mut compute_override = false;
     for path in ancestors(cgroup) {
         let Some(own) = store.own(path) else {
@@ -70,20 +68,22 @@ pub fn ledger_of(
     usage: Option<OwnedFd>,
 ) -> Result<Arc<CgroupLedger>> {
     let (chosen, limit) = {
-        let store = state.limits.lock().expect("limits lock");
+        let store = state.limits();
         let chosen = ledger_for(&store, cgroup);
         let limit = store.effective(&chosen).0;
         let team = super::compute::team::TeamSpec::of(&store, &chosen);
         (chosen, (limit, team))
     };
     let (limit, team) = limit;
-    let dir = state.cgroup2_mount.join(chosen.trim_start_matches('/'));
-    let known = state.ledgers.get(&chosen).is_some();
-    let ledger = state.ledgers.get_or_create(&chosen, &dir, usage, &limit)?;
+    let dir = state.cgroup_dir(&chosen);
+    let known = state.ledgers().get(&chosen).is_some();
+    let ledger = state
+        .ledgers()
+        .get_or_create(&chosen, &dir, usage, &limit)?;
     if !known {
         ledger.set_team(team);
     }
-    state.shims.register(shim.0, shim.1);
+    state.shims().register(shim.0, shim.1);
     if !known {
         if chosen != cgroup {
             tracing::info!(
@@ -92,7 +92,7 @@ pub fn ledger_of(
                 "sharing the budget of a limited ancestor"
             );
         }
-        let tree = super::devmap::tree(&state.kernel, &state.gpus);
+        let tree = state.tree_by_gpu();
         refresh(state, &tree_by_key(&tree));
     }
     Ok(ledger)
@@ -245,10 +245,10 @@ pub fn plan(
 /// Processes whose GPUs are known count on those GPUs only ([`super::devmap`]).
 fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<(u64, HashMap<u32, u64>)> {
     let mut out = vec![(0, HashMap::new()); ledgers.len()];
-    let placed = super::devmap::process_gpus(&state.kernel, &state.gpus);
-    state.shims.prune();
-    let procs = state.kernel.lock().expect("kernel maps lock").procs();
-    let mut names = state.names.lock().expect("cgroup names lock");
+    let placed = state.process_gpus();
+    state.shims().prune();
+    let procs = state.kernel().procs();
+    let mut names = state.names();
     for (pid, p) in procs.iter().filter(|(_, p)| p.bytes > 0) {
         let Some(path) = names.path_of(p.cgroup_id) else {
             continue;
@@ -257,7 +257,7 @@ fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<(u64, HashM
             .filter(|&i| is_under(&path, &ledgers[i].cgroup))
             .max_by_key(|&i| ledgers[i].cgroup.len());
         if let Some(i) = owner
-            && !state.shims.uses_shim(*pid)
+            && !state.shims().uses_shim(*pid)
         {
             match placed.get(pid) {
                 Some(on) => {
@@ -275,13 +275,12 @@ fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<(u64, HashM
 /// Computes and writes every ledger's kernel figure and memory limit; `tree`: the kernel's
 /// subtree totals by (cgroup id, GPU index).
 pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
-    let ledgers = state.ledgers.all();
+    let ledgers = state.ledgers().all();
     if ledgers.is_empty() {
         return;
     }
     let uuids: HashMap<u32, [u8; 16]> = state
-        .gpus
-        .devices
+        .devices()
         .iter()
         .filter_map(|g| Some((g.index, uuid_bytes(&g.uuid)?)))
         .collect();
@@ -323,19 +322,18 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
         })
         .collect();
     let (limited, effective): (Vec<Limited>, Vec<crate::api::Limit>) = {
-        let store = state.limits.lock().expect("limits lock");
+        let store = state.limits();
         let limited = store
             .all()
             .filter(|(_, l)| l.has_memory())
             .filter_map(|(path, l)| {
-                let id = super::cgroups::cgroup_id(&state.cgroup2_mount, path)?;
+                let id = state.cgroup_id(path)?;
                 Some(Limited {
                     cgroup: path.clone(),
                     cgroup_id: id,
                     bytes: l.memory_bytes,
                     gpus: state
-                        .gpus
-                        .devices
+                        .devices()
                         .iter()
                         .filter_map(|g| Some((g.index, *l.memory_gpus.get(&g.uuid)?)))
                         .collect(),
@@ -375,6 +373,7 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::limits::LimitStore;
     use crate::api::Limit;
 
     const GIB: u64 = 1 << 30;

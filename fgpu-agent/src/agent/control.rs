@@ -62,12 +62,12 @@ fn admin(state: &State, caller: &Caller, req: &Request) -> Result<Frame> {
              (the agent's PID, mount and user namespaces)"
         );
     }
-    if !state.access.allows(caller.peer) {
+    if !state.access().allows(caller.peer) {
         refused(caller, req, "not root nor in --socket-group");
         bail!(
             "permission denied: the fgpu admin socket answers root{} only",
             state
-                .access
+                .access()
                 .group_name
                 .as_ref()
                 .map(|g| format!(" and members of group {g}"))
@@ -118,7 +118,7 @@ pub fn own_status(state: &State, cgroup: &str) -> StatusReport {
         .find(|r| r.cgroup == cgroup)
         .unwrap_or_else(|| {
             let mut row = CgroupStatus::empty(cgroup.to_string());
-            let store = state.limits.lock().expect("limits lock");
+            let store = state.limits();
             let effective = store.effective(cgroup).0;
             row.memory_limit_bytes = effective.memory_bytes;
             row.memory_limit_gpus = effective.memory_gpus.clone();
@@ -143,7 +143,7 @@ fn reply(value: &impl serde::Serialize) -> Result<Frame> {
 }
 
 fn entry(state: &State, cgroup: &str) -> LimitEntry {
-    let store = state.limits.lock().expect("limits lock");
+    let store = state.limits();
     let (effective, memory_limit_from) = store.effective(cgroup);
     LimitEntry {
         cgroup: cgroup.to_string(),
@@ -162,7 +162,7 @@ fn by_uuid<T: Copy>(
 ) -> Result<BTreeMap<String, T>> {
     a.iter()
         .chain(b)
-        .map(|(gpu, v)| Ok((super::gpusel::resolve(&state.gpus.devices, gpu)?, *v)))
+        .map(|(gpu, v)| Ok((super::gpusel::resolve(state.devices(), gpu)?, *v)))
         .collect()
 }
 
@@ -173,34 +173,35 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
     limit.memory_gpus = by_uuid(state, &limit.memory_gpus, &req.memory_gpus)?;
     limit.compute_gpus = by_uuid(state, &limit.compute_gpus, &req.compute_gpus)?;
     limit.compute_cap_gpus = by_uuid(state, &limit.compute_cap_gpus, &req.compute_cap_gpus)?;
-    let clear = super::gpusel::resolve_all(&state.gpus.devices, &req.clear_gpus)?;
+    let clear = super::gpusel::resolve_all(state.devices(), &req.clear_gpus)?;
     if let Some(uuid) = clear.iter().find(|u| limit.names_gpu(u)) {
         bail!(
             "{} is both set and removed in one request",
-            super::gpusel::describe(&state.gpus.devices, uuid)
+            super::gpusel::describe(state.devices(), uuid)
         );
     }
     if clear.is_empty() || limit != Limit::default() {
         validate(state, &limit)?;
     }
-    let cgroup = targets::resolve(&req.target, &state.cgroup2_mount)?;
+    let cgroup = targets::resolve(&req.target, state.cgroup2_mount())?;
     if !clear.is_empty() {
-        let store = state.limits.lock().expect("limits lock");
+        let store = state.limits();
         let own = store.own(&cgroup);
         if let Some(missing) = clear.iter().find(|u| own.is_none_or(|l| !l.names_gpu(u))) {
             bail!(
                 "{cgroup} has no limit of its own on {} (see `fgpu limit get {cgroup}`)",
-                super::gpusel::describe(&state.gpus.devices, missing)
+                super::gpusel::describe(state.devices(), missing)
             );
         }
     }
     if req.until_cgroup_removed {
-        let id = super::cgroups::cgroup_id(&state.cgroup2_mount, &cgroup)
+        let id = state
+            .cgroup_id(&cgroup)
             .with_context(|| format!("cgroup {cgroup} is gone"))?;
-        state.bound.lock().expect("bound lock").bind(&cgroup, id)?;
+        state.bind(&cgroup, id)?;
     }
     {
-        let mut store = state.limits.lock().expect("limits lock");
+        let mut store = state.limits();
         if limit != Limit::default() {
             store.set(&cgroup, &limit)?;
         }
@@ -234,41 +235,29 @@ fn limit_set(state: &State, caller: &Caller, req: &LimitSetRequest) -> Result<Fr
 }
 
 fn limit_get(state: &State, req: &TargetRequest) -> Result<Frame> {
-    let cgroup = targets::resolve(&req.target, &state.cgroup2_mount)?;
+    let cgroup = targets::resolve(&req.target, state.cgroup2_mount())?;
     reply(&entry(state, &cgroup))
 }
 
 fn limit_list(state: &State) -> Result<Frame> {
-    let paths: Vec<String> = state
-        .limits
-        .lock()
-        .expect("limits lock")
-        .all()
-        .map(|(p, _)| p.clone())
-        .collect();
+    let paths: Vec<String> = state.limits().all().map(|(p, _)| p.clone()).collect();
     let entries: Vec<LimitEntry> = paths.iter().map(|p| entry(state, p)).collect();
     reply(&entries)
 }
 
 fn limit_remove(state: &State, caller: &Caller, req: &TargetRequest) -> Result<Frame> {
     // A cgroup removed since its limit was set can still have its limit removed.
-    let cgroup = match targets::resolve(&req.target, &state.cgroup2_mount) {
+    let cgroup = match targets::resolve(&req.target, state.cgroup2_mount()) {
         Ok(c) => c,
         Err(err) => {
             let literal = format!("/{}", req.target.trim().trim_matches('/'));
-            if state
-                .limits
-                .lock()
-                .expect("limits lock")
-                .own(&literal)
-                .is_none()
-            {
+            if state.limits().own(&literal).is_none() {
                 return Err(err);
             }
             literal
         }
     };
-    let removed = state.limits.lock().expect("limits lock").remove(&cgroup)?;
+    let removed = state.limits().remove(&cgroup)?;
     super::apply::limits_changed(state);
     if removed.is_none() {
         bail!("{cgroup} has no limit of its own (see `fgpu limit get {cgroup}`)");
@@ -318,7 +307,7 @@ fn validate(state: &State, limit: &Limit) -> Result<()> {
                 "a memory limit of 0 would refuse every allocation; to lift a limit use `fgpu limit rm`"
             );
         }
-        if let Some(device) = state.gpus.largest_memory()
+        if let Some(device) = state.gpus().largest_memory()
             && bytes > device
         {
             bail!(
@@ -329,14 +318,14 @@ fn validate(state: &State, limit: &Limit) -> Result<()> {
         }
     }
     for (uuid, &bytes) in &limit.memory_gpus {
-        let gpu = super::gpusel::describe(&state.gpus.devices, uuid);
+        let gpu = super::gpusel::describe(state.devices(), uuid);
         if bytes == 0 {
             bail!(
                 "a memory limit of 0 on {gpu} would refuse every allocation there; to lift it use \
                  `fgpu limit rm TARGET --gpu {uuid}`"
             );
         }
-        if let Some(d) = state.gpus.devices.iter().find(|d| d.uuid == *uuid)
+        if let Some(d) = state.devices().iter().find(|d| d.uuid == *uuid)
             && bytes > d.memory_total_bytes
         {
             bail!(

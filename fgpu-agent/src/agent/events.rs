@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
 
 use anyhow::{Context, Result};
 use aya::Ebpf;
@@ -12,6 +13,7 @@ use aya::maps::{MapData, RingBuf};
 use fgpu_common::event::{ApiId, Event, EventKind};
 use tokio::io::unix::AsyncFd;
 
+use super::enforcer::Notices;
 use super::state::State;
 
 pub fn ring(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
@@ -21,7 +23,15 @@ pub fn ring(ebpf: &mut Ebpf) -> Result<RingBuf<MapData>> {
     Ok(RingBuf::try_from(map)?)
 }
 
-pub async fn drain(ring: RingBuf<MapData>, state: Arc<State>) -> Result<()> {
+/// Where the event thread sends what it learns besides the state: new processes to the
+/// library watcher, execs and removed cgroups to the enforce loop.
+pub struct Outlets {
+    pub watcher: Sender<u32>,
+    pub enforcer: Notices,
+}
+
+/// Drains the ring buffer until the agent stops.
+pub async fn drain(ring: RingBuf<MapData>, state: Arc<State>, out: Outlets) -> Result<()> {
     // SAFETY: the ring buffer owns its map fd, which stays open and unchanged for as long
     // as the RingBuf lives, and the AsyncFd owns the RingBuf.
     let mut fd = unsafe { AsyncFd::register(ring) }
@@ -31,37 +41,31 @@ pub async fn drain(ring: RingBuf<MapData>, state: Arc<State>) -> Result<()> {
         let ring = guard.get_inner_mut();
         while let Some(item) = ring.next() {
             if let Some(event) = Event::from_bytes(&item) {
-                record(&state, &event);
+                record(&state, &out, &event);
             }
         }
         guard.clear_ready();
     }
 }
 
-fn record(state: &State, e: &Event) {
+fn record(state: &State, out: &Outlets, e: &Event) {
     let api = ApiId::from_raw(e.api).map_or("-", ApiId::name);
     let counter = match EventKind::from_raw(e.kind) {
-        Some(EventKind::Alloc) => &state.events.allocs,
-        Some(EventKind::Free) => &state.events.frees,
+        Some(EventKind::Alloc) => &state.events().allocs,
+        Some(EventKind::Free) => &state.events().frees,
         Some(EventKind::OverLimit | EventKind::OverBound) => {
-            state
-                .backstop
-                .record(&state.names, &state.limits, &state.gpus.devices, e);
+            state.backstop_record(e);
             return;
         }
         Some(EventKind::Exec) => {
             // The watcher may be gone only while the agent shuts down.
-            let _ = state.exec_tx.send(e.tgid);
-            state.enforce.note_cgroup(e.cgroup_id);
+            let _ = out.watcher.send(e.tgid);
+            out.enforcer.exec_in(e.cgroup_id);
             return;
         }
         Some(EventKind::CgroupGone) => {
-            state.enforce.cgroup_gone(e.cgroup_id);
-            state
-                .names
-                .lock()
-                .expect("cgroup names lock")
-                .forget(e.cgroup_id);
+            out.enforcer.cgroup_gone(e.cgroup_id);
+            state.forget_cgroup(e.cgroup_id);
             if e.size > 0 {
                 tracing::debug!(
                     cgroup_id = e.cgroup_id,
@@ -81,7 +85,7 @@ fn record(state: &State, e: &Event) {
                     "process exited holding GPU memory; released"
                 );
             }
-            &state.events.exits
+            &state.events().exits
         }
         None => return,
     };

@@ -13,8 +13,13 @@
 //! Beside a limit on a pod's cgroup the store keeps the pod's namespace and name, as the
 //! kubelet plugin gave them (in `pods.json`): the status report names pods by them, and they
 //! go with the limit.
+//!
+//! What readers need of the store is a [`LimitView`]: a locked store derefs to its own, and
+//! a pass that reads the limits throughout takes a copy ([`LimitStore::view`]) instead of
+//! holding the store's lock.
 
 use std::collections::BTreeMap;
+use std::ops::Deref;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
@@ -31,8 +36,23 @@ pub const PODS_FILE: &str = "pods.json";
 #[derive(Debug)]
 pub struct LimitStore {
     file: PathBuf,
+    held: LimitView,
+}
+
+/// The limits and the pods' names as a store holds them, read-only: a store's own (a
+/// `&LimitStore` derefs to it) or a copy ([`LimitStore::view`]).
+#[derive(Debug, Clone, Default)]
+pub struct LimitView {
     limits: BTreeMap<String, Limit>,
     pods: BTreeMap<String, PodName>,
+}
+
+impl Deref for LimitStore {
+    type Target = LimitView;
+
+    fn deref(&self) -> &LimitView {
+        &self.held
+    }
 }
 
 impl LimitStore {
@@ -68,23 +88,119 @@ impl LimitStore {
             }),
             Err(_) => BTreeMap::new(),
         };
-        Ok(Self { file, limits, pods })
+        Ok(Self {
+            file,
+            held: LimitView { limits, pods },
+        })
     }
 
-    /// The name of the pod whose own cgroup `cgroup` is, as given with its limit.
-    pub fn pod(&self, cgroup: &str) -> Option<&PodName> {
-        self.pods.get(cgroup)
+    /// A copy of the limits and the pods' names, to read without the store's lock.
+    pub fn view(&self) -> LimitView {
+        self.held.clone()
     }
 
     /// Keeps `pod` as the name of the pod whose cgroup `cgroup` is, while `cgroup` has a
     /// limit of its own (none kept otherwise).
     pub fn set_pod(&mut self, cgroup: &str, pod: &PodName) -> Result<()> {
-        if !self.limits.contains_key(cgroup) || self.pods.get(cgroup) == Some(pod) {
+        if !self.held.limits.contains_key(cgroup) || self.held.pods.get(cgroup) == Some(pod) {
             return Ok(());
         }
-        let mut next = self.pods.clone();
+        let mut next = self.held.pods.clone();
         next.insert(cgroup.to_string(), pod.clone());
         self.commit_pods(next)
+    }
+
+    /// Sets the given fields of `cgroup`'s limit (others keep their value). Persisted before
+    /// it takes effect; returns the cgroup's new own limit.
+    pub fn set(&mut self, cgroup: &str, update: &Limit) -> Result<Limit> {
+        let mut next = self.held.limits.clone();
+        let entry = next.entry(cgroup.to_string()).or_default();
+        entry.memory_bytes = update.memory_bytes.or(entry.memory_bytes);
+        entry.compute_pct = update.compute_pct.or(entry.compute_pct);
+        entry.compute_cap_pct = update.compute_cap_pct.or(entry.compute_cap_pct);
+        entry.compute_priority = update.compute_priority.or(entry.compute_priority);
+        entry.park_after_ms = update.park_after_ms.or(entry.park_after_ms);
+        entry.memory_gpus.extend(update.memory_gpus.clone());
+        entry.compute_gpus.extend(update.compute_gpus.clone());
+        entry
+            .compute_cap_gpus
+            .extend(update.compute_cap_gpus.clone());
+        let result = entry.clone();
+        self.commit(next)?;
+        Ok(result)
+    }
+
+    /// Removes the per-GPU values (memory, compute share and ceiling) of `uuids` from
+    /// `cgroup`'s own limit (a limit left with nothing set is removed). Returns the new own
+    /// limit, or `None` if the cgroup had none of those values (nothing is changed then).
+    pub fn clear_gpus(&mut self, cgroup: &str, uuids: &[String]) -> Result<Option<Limit>> {
+        let mut next = self.held.limits.clone();
+        let Some(entry) = next.get_mut(cgroup) else {
+            return Ok(None);
+        };
+        if !uuids.iter().any(|u| entry.names_gpu(u)) {
+            return Ok(None);
+        }
+        entry.memory_gpus.retain(|u, _| !uuids.contains(u));
+        entry.compute_gpus.retain(|u, _| !uuids.contains(u));
+        entry.compute_cap_gpus.retain(|u, _| !uuids.contains(u));
+        let result = entry.clone();
+        if result == Limit::default() {
+            next.remove(cgroup);
+        }
+        self.commit(next)?;
+        Ok(Some(result))
+    }
+
+    /// Removes `cgroup`'s own limit (and the pod name kept with it); returns it, or `None`
+    /// if it had none.
+    pub fn remove(&mut self, cgroup: &str) -> Result<Option<Limit>> {
+        let mut next = self.held.limits.clone();
+        let removed = next.remove(cgroup);
+        if removed.is_some() {
+            self.commit(next)?;
+        }
+        Ok(removed)
+    }
+
+    /// Writes `next`; then forgets the pod names of cgroups left without a limit (a failure
+    /// to write those is only said: the names are labels).
+    fn commit(&mut self, next: BTreeMap<String, Limit>) -> Result<()> {
+        let tmp = self.file.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(&next)?;
+        crate::statefile::write_atomic(&self.file, &tmp, &bytes, 0o600)
+            .with_context(|| format!("saving limits to {}", self.file.display()))?;
+        self.held.limits = next;
+        if self
+            .held
+            .pods
+            .keys()
+            .any(|cg| !self.held.limits.contains_key(cg))
+        {
+            let mut pods = self.held.pods.clone();
+            pods.retain(|cg, _| self.held.limits.contains_key(cg));
+            if let Err(err) = self.commit_pods(pods) {
+                tracing::warn!("{err:#}");
+            }
+        }
+        Ok(())
+    }
+
+    fn commit_pods(&mut self, next: BTreeMap<String, PodName>) -> Result<()> {
+        let file = self.file.with_file_name(PODS_FILE);
+        let tmp = file.with_extension("json.tmp");
+        let bytes = serde_json::to_vec_pretty(&next)?;
+        crate::statefile::write_atomic(&file, &tmp, &bytes, 0o600)
+            .with_context(|| format!("saving the pods' names to {}", file.display()))?;
+        self.held.pods = next;
+        Ok(())
+    }
+}
+
+impl LimitView {
+    /// The name of the pod whose own cgroup `cgroup` is, as given with its limit.
+    pub fn pod(&self, cgroup: &str) -> Option<&PodName> {
+        self.pods.get(cgroup)
     }
 
     /// The limit set on exactly this cgroup.
@@ -140,87 +256,6 @@ impl LimitStore {
         out.compute_gpus = nearest(|l| &l.compute_gpus, Limit::compute_on);
         out.compute_cap_gpus = nearest(|l| &l.compute_cap_gpus, Limit::compute_cap_on);
         (out, memory_from)
-    }
-
-    /// Sets the given fields of `cgroup`'s limit (others keep their value). Persisted before
-    /// it takes effect; returns the cgroup's new own limit.
-    pub fn set(&mut self, cgroup: &str, update: &Limit) -> Result<Limit> {
-        let mut next = self.limits.clone();
-        let entry = next.entry(cgroup.to_string()).or_default();
-        entry.memory_bytes = update.memory_bytes.or(entry.memory_bytes);
-        entry.compute_pct = update.compute_pct.or(entry.compute_pct);
-        entry.compute_cap_pct = update.compute_cap_pct.or(entry.compute_cap_pct);
-        entry.compute_priority = update.compute_priority.or(entry.compute_priority);
-        entry.park_after_ms = update.park_after_ms.or(entry.park_after_ms);
-        entry.memory_gpus.extend(update.memory_gpus.clone());
-        entry.compute_gpus.extend(update.compute_gpus.clone());
-        entry
-            .compute_cap_gpus
-            .extend(update.compute_cap_gpus.clone());
-        let result = entry.clone();
-        self.commit(next)?;
-        Ok(result)
-    }
-
-    /// Removes the per-GPU values (memory, compute share and ceiling) of `uuids` from
-    /// `cgroup`'s own limit (a limit left with nothing set is removed). Returns the new own
-    /// limit, or `None` if the cgroup had none of those values (nothing is changed then).
-    pub fn clear_gpus(&mut self, cgroup: &str, uuids: &[String]) -> Result<Option<Limit>> {
-        let mut next = self.limits.clone();
-        let Some(entry) = next.get_mut(cgroup) else {
-            return Ok(None);
-        };
-        if !uuids.iter().any(|u| entry.names_gpu(u)) {
-            return Ok(None);
-        }
-        entry.memory_gpus.retain(|u, _| !uuids.contains(u));
-        entry.compute_gpus.retain(|u, _| !uuids.contains(u));
-        entry.compute_cap_gpus.retain(|u, _| !uuids.contains(u));
-        let result = entry.clone();
-        if result == Limit::default() {
-            next.remove(cgroup);
-        }
-        self.commit(next)?;
-        Ok(Some(result))
-    }
-
-    /// Removes `cgroup`'s own limit (and the pod name kept with it); returns it, or `None`
-    /// if it had none.
-    pub fn remove(&mut self, cgroup: &str) -> Result<Option<Limit>> {
-        let mut next = self.limits.clone();
-        let removed = next.remove(cgroup);
-        if removed.is_some() {
-            self.commit(next)?;
-        }
-        Ok(removed)
-    }
-
-    /// Writes `next`; then forgets the pod names of cgroups left without a limit (a failure
-    /// to write those is only said: the names are labels).
-    fn commit(&mut self, next: BTreeMap<String, Limit>) -> Result<()> {
-        let tmp = self.file.with_extension("json.tmp");
-        let bytes = serde_json::to_vec_pretty(&next)?;
-        crate::statefile::write_atomic(&self.file, &tmp, &bytes, 0o600)
-            .with_context(|| format!("saving limits to {}", self.file.display()))?;
-        self.limits = next;
-        if self.pods.keys().any(|cg| !self.limits.contains_key(cg)) {
-            let mut pods = self.pods.clone();
-            pods.retain(|cg, _| self.limits.contains_key(cg));
-            if let Err(err) = self.commit_pods(pods) {
-                tracing::warn!("{err:#}");
-            }
-        }
-        Ok(())
-    }
-
-    fn commit_pods(&mut self, next: BTreeMap<String, PodName>) -> Result<()> {
-        let file = self.file.with_file_name(PODS_FILE);
-        let tmp = file.with_extension("json.tmp");
-        let bytes = serde_json::to_vec_pretty(&next)?;
-        crate::statefile::write_atomic(&file, &tmp, &bytes, 0o600)
-            .with_context(|| format!("saving the pods' names to {}", file.display()))?;
-        self.pods = next;
-        Ok(())
     }
 }
 

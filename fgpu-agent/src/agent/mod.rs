@@ -256,25 +256,17 @@ pub fn run(args: AgentArgs) -> Result<()> {
         .spawn(move || watcher.run(exec_rx))
         .context("starting the library watcher")?;
 
-    let state = Arc::new(state::State {
+    let state = Arc::new(state::State::new(state::Parts {
         cgroup2_mount: host.cgroup2_mount.clone(),
-        kernel: Mutex::new(kernel),
-        limits: Mutex::new(limits),
-        bound: Mutex::new(bound),
+        kernel,
+        limits,
+        bound,
         gpus,
         access,
-        ledgers: ledgers::Ledgers::default(),
-        backstop: backstop::Backstop::default(),
-        enforce: enforcer::Enforcer::default(),
-        shims: budget::Shims::default(),
+        libraries,
         on_exceed: args.on_exceed,
         unseen_tolerance: args.unseen_tolerance,
-        names: Mutex::new(cgroups::CgroupNames::new(host.cgroup2_mount.clone())),
-        libraries,
-        events: state::EventCounts::default(),
-        exec_tx,
-        compute: compute::ComputeStatus::default(),
-    });
+    }));
     if let Some(m) = &metrics {
         m.set_state(&state);
     }
@@ -282,7 +274,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         let state = Arc::clone(&state);
         std::thread::Builder::new()
             .name("fgpu-compute".into())
-            .spawn(move || compute::run(&state.ledgers, &state.compute, &state.gpus))
+            .spawn(move || compute::run(state.ledgers(), state.compute(), state.gpus()))
             .context("starting the compute controller")?;
     }
     {
@@ -292,7 +284,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
             .unwrap_or_else(park::default_host_budget);
         std::thread::Builder::new()
             .name("fgpu-park".into())
-            .spawn(move || park::run(&state.ledgers, budget))
+            .spawn(move || park::run(state.ledgers(), budget))
             .context("starting the parking broker")?;
     }
 
@@ -307,16 +299,23 @@ pub fn run(args: AgentArgs) -> Result<()> {
     let fd_limit = doors::raise_fd_limit();
     let result = runtime.block_on(async {
         let containers = server::bind_containers(&args.socket)?;
-        let admin = server::bind_admin(&args.admin_socket, &args.socket, state.access.group_gid)?;
+        let admin = server::bind_admin(&args.admin_socket, &args.socket, state.access().group_gid)?;
         tracing::info!(
             socket = %args.socket.display(),
             admin_socket = %args.admin_socket.display(),
             fd_limit,
             cgroup2 = %host.cgroup2_mount.display(),
-            libraries = ?state.libraries.lock().expect("libraries lock"),
+            libraries = ?state.libraries(),
             "fgpu agent ready"
         );
-        let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state)));
+        // The enforce loop owns its enforcer; the event thread tells it of execs and removed
+        // cgroups through the channel's other end.
+        let (enforcer, notices) = enforcer::channel();
+        let outlets = events::Outlets {
+            watcher: exec_tx,
+            enforcer: notices,
+        };
+        let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state), outlets));
         let publisher_task = tokio::spawn(publisher::run(Arc::clone(&state)));
         let eventlog_task = tokio::spawn(metrics::eventlog::run(Arc::clone(&state)));
         if let Some(m) = &metrics {
@@ -339,7 +338,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
             doors::Limits::admin(),
             Arc::clone(&state),
         );
-        let enforce_task = tokio::spawn(enforce::run(Arc::clone(&state)));
+        let enforce_task = tokio::spawn(enforce::run(Arc::clone(&state), enforcer));
         let bound_task = tokio::spawn(apply::run_bound(Arc::clone(&state)));
         let served = tokio::select! {
             () = serve_containers => Ok(()),

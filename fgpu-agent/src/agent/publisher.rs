@@ -18,13 +18,13 @@ pub async fn run(state: Arc<State>) {
     let mut n = 0u32;
     loop {
         tick.tick().await;
-        let ledgers = state.ledgers.all();
+        let ledgers = state.ledgers().all();
         if ledgers.is_empty() {
             continue;
         }
         // Every device a ledger knows gets a figure, 0 when the kernel saw nothing, so a
         // stale figure can never keep refusing allocations.
-        let tree = super::devmap::tree(&state.kernel, &state.gpus);
+        let tree = state.tree_by_gpu();
         budget::refresh(&state, &budget::tree_by_key(&tree));
         n = n.wrapping_add(1);
         if n.is_multiple_of(per_reclaim) {
@@ -34,10 +34,9 @@ pub async fn run(state: Arc<State>) {
                     tracing::info!(cgroup = %ledger.cgroup, bytes = back, "reclaimed the share of processes that died");
                 }
             }
-            let mount = state.cgroup2_mount.clone();
             state
-                .ledgers
-                .retain(|l| mount.join(l.cgroup.trim_start_matches('/')).is_dir());
+                .ledgers()
+                .retain(|l| state.cgroup_dir(&l.cgroup).is_dir());
         }
     }
 }

@@ -1,29 +1,38 @@
 //! The status report, built from the agent's [`State`]: one row per cgroup that holds
 //! memory or is gated for compute.
+//!
+//! A report is one pass over the state that takes each part it reads once, at its start,
+//! and holds no lock while it builds the rows: the kernel's figures (placed on GPUs), the
+//! cgroups' paths (one lock of the names, released once the rows are named), a copy of the
+//! limits and the pods' names, the compute figures, the backstop's tallies, the ledgers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use super::gpus::Gpus;
 use super::kernel::Snapshot;
+use super::ledgers::CgroupLedger;
 use super::state::State;
 use crate::api::PodName;
 use crate::status::{CgroupStatus, DeviceUsage, StatusReport};
 
 /// The status report: one row per cgroup that holds memory or is gated for compute.
 pub fn of(state: &State) -> StatusReport {
-    let snap = super::devmap::snapshot(&state.kernel, &state.gpus);
-    let mut names = state.names.lock().expect("cgroup names lock");
-    let mut report = build(&snap, |id| names.path_of(id));
-    let limits = state.limits.lock().expect("limits lock");
+    let snap = state.snapshot_by_gpu();
+    let mut report = {
+        let mut names = state.names();
+        build(&snap, |id| names.path_of(id))
+    };
+    let limits = state.limits_view();
     // Cgroups the compute controller schedules get a row even without memory, and so do
     // limited cgroups whose subtree holds memory (a pod whose containers allocate).
-    let compute = state.compute.all();
+    let compute = state.compute().all();
     for cgroup in compute.keys() {
         if !report.cgroups.iter().any(|r| &r.cgroup == cgroup) {
             report.cgroups.push(CgroupStatus::empty(cgroup.clone()));
         }
     }
-    let mut subtree: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+    let mut subtree: HashMap<u64, u64> = HashMap::new();
     for (key, bytes) in &snap.tree {
         *subtree.entry(key.cgroup_id).or_default() += bytes;
     }
@@ -31,7 +40,7 @@ pub fn of(state: &State) -> StatusReport {
         if !limit.has_memory() || report.cgroups.iter().any(|r| &r.cgroup == path) {
             continue;
         }
-        if let Some(id) = super::cgroups::cgroup_id(&state.cgroup2_mount, path)
+        if let Some(id) = state.cgroup_id(path)
             && subtree.get(&id).is_some_and(|b| *b > 0)
         {
             report.cgroups.push(CgroupStatus {
@@ -41,7 +50,14 @@ pub fn of(state: &State) -> StatusReport {
         }
     }
     report.cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
-    let nvml = nvml_by_cgroup(&state.gpus);
+    let nvml = nvml_by_cgroup(state.gpus());
+    let tallies = state.backstop().tallies();
+    let ledgers: HashMap<String, Arc<CgroupLedger>> = state
+        .ledgers()
+        .all()
+        .into_iter()
+        .map(|l| (l.cgroup.clone(), l))
+        .collect();
     for row in &mut report.cgroups {
         identify(row, |pod_cgroup| limits.pod(pod_cgroup));
         row.compute_nvml_pct = nvml.get(&row.cgroup).map(|p| (p * 10.0).round() / 10.0);
@@ -56,22 +72,22 @@ pub fn of(state: &State) -> StatusReport {
         row.compute_corun = figures.is_some_and(|f| f.corun);
         row.compute_queue_us = figures.map(|f| f.queue_us);
         row.memory_limit_bytes = effective.memory_bytes;
-        per_gpu_limits(row, &effective, &state.gpus.devices);
+        per_gpu_limits(row, &effective, state.devices());
         row.memory_limit_gpus = effective.memory_gpus;
         row.memory_limit_from = from;
         row.memory_subtree_bytes = subtree.get(&row.cgroup_id).copied().unwrap_or(0);
-        let tally = state.backstop.tally(row.cgroup_id);
-        row.over_limit_actions = state.backstop.actions(row.cgroup_id);
+        let tally = tallies.get(&row.cgroup_id).copied().unwrap_or_default();
+        row.over_limit_actions = tally.actions();
         row.kernel_kills = tally.kills;
         row.over_bound = tally.over_bound;
         let ledger = super::budget::ledger_for(&limits, &row.cgroup);
-        if let Some(l) = state.ledgers.get(&ledger) {
+        if let Some(l) = ledgers.get(&ledger) {
             row.alloc_denied = l.denied();
             parking(row, l.ledger());
             row.ledger = Some(ledger);
         }
     }
-    report.libraries = state.libraries.lock().expect("libraries lock").clone();
+    report.libraries = state.libraries();
     report
 }
 

@@ -15,7 +15,7 @@
 //! A caller whose cgroup cannot be read counts under its uid.
 
 use super::cgroups::is_under;
-use super::limits::{LimitStore, ancestors};
+use super::limits::{LimitView, ancestors};
 use super::peer::Caller;
 use super::state::State;
 
@@ -35,7 +35,7 @@ const SHARED: [&str; 7] = [
 pub fn key(state: &State, caller: &Caller) -> String {
     match &caller.cgroup {
         Some(cg) => {
-            let store = state.limits.lock().expect("limits lock");
+            let store = state.limits();
             tenant_of(&store, cg)
         }
         None => format!("uid:{}", caller.peer.uid),
@@ -43,7 +43,7 @@ pub fn key(state: &State, caller: &Caller) -> String {
 }
 
 /// The tenant of a process in `cgroup` (see the module documentation).
-pub fn tenant_of(store: &LimitStore, cgroup: &str) -> String {
+pub fn tenant_of(store: &LimitView, cgroup: &str) -> String {
     let top = structural(cgroup);
     match ancestors(cgroup).find(|p| store.own(p).is_some()) {
         Some(limited) if is_under(limited, top) => limited.to_string(),
@@ -74,6 +74,7 @@ fn structural(cgroup: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::limits::LimitStore;
     use crate::api::Limit;
 
     const UID: &str = "0f0e0d0c-0b0a-0908-0706-050403020100";

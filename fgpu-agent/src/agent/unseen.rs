@@ -30,7 +30,10 @@ use fgpu_common::event::ProcUsage;
 use fgpu_common::quantity::Size;
 
 use super::cgroups::is_under;
+use super::enforcer::Passes;
+use super::gpus::Gpu;
 use super::state::State;
+use crate::api::Limit;
 
 /// Default `--unseen-tolerance`: above a PyTorch process's context and lazily loaded modules
 /// on an H200 (about 0.6 GiB, docs/design.md section 2).
@@ -101,12 +104,12 @@ pub fn over(
     out
 }
 
-/// Each limited cgroup's memory limit on each GPU: (path, NVML index, bytes).
-fn limits(state: &State) -> Vec<(String, u32, u64)> {
-    let store = state.limits.lock().expect("limits lock");
+/// Each limited cgroup's memory limit on each GPU: (path, NVML index, bytes), from `limits`
+/// (the pass's copy of the memory limits, by cgroup path).
+fn per_gpu(limits: &[(String, Limit)], gpus: &[Gpu]) -> Vec<(String, u32, u64)> {
     let mut out = Vec::new();
-    for (path, l) in store.all().filter(|(_, l)| l.has_memory()) {
-        for g in &state.gpus.devices {
+    for (path, l) in limits.iter().filter(|(_, l)| l.has_memory()) {
+        for g in gpus {
             if let Some(bytes) = l.memory_on(&g.uuid) {
                 out.push((path.clone(), g.index, bytes));
             }
@@ -120,7 +123,7 @@ fn holders(state: &State, procs: &[(u32, ProcUsage)]) -> HashMap<u32, Vec<Holder
     let kernel: HashMap<u32, u64> = procs.iter().map(|(pid, p)| (*pid, p.bytes)).collect();
     let mut cgroups: HashMap<u32, Option<String>> = HashMap::new();
     let mut out: HashMap<u32, Vec<Holder>> = HashMap::new();
-    for (gpu, pid, driver_bytes) in super::devmap::nvml_process_memory(&state.gpus) {
+    for (gpu, pid, driver_bytes) in super::devmap::nvml_process_memory(state.gpus()) {
         let cgroup = cgroups
             .entry(pid)
             .or_insert_with(|| super::pidfd::cgroup_of_pid(pid))
@@ -137,24 +140,29 @@ fn holders(state: &State, procs: &[(u32, ProcUsage)]) -> HashMap<u32, Vec<Holder
     out
 }
 
-/// One pass (from [`super::enforce::reconcile`]): reports and, by policy, kills.
-pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
-    let limits = limits(state);
+/// One pass (from [`super::enforce::reconcile`]): reports and, by policy, kills. `limits`:
+/// the pass's copy of the memory limits, by cgroup path; `passes`: the enforce loop's count
+/// of consecutive passes over, by (cgroup, GPU).
+pub fn reconcile(
+    state: &State,
+    limits: &[(String, Limit)],
+    procs: &[(u32, ProcUsage)],
+    passes: &mut Passes<(String, u32)>,
+) {
+    let limits = per_gpu(limits, state.devices());
     if limits.is_empty() {
         return;
     }
     let holders = holders(state, procs);
     tracing::trace!(?holders, "the driver's per-process figures");
-    let found = over(&limits, &holders, state.unseen_tolerance);
-    let mut passes = state.enforce.unseen.0.lock().expect("unseen passes lock");
-    passes.retain(|key, _| found.iter().any(|o| (&o.cgroup, o.gpu) == (&key.0, key.1)));
+    let found = over(&limits, &holders, state.unseen_tolerance());
+    passes.retain(|key| found.iter().any(|o| (&o.cgroup, o.gpu) == (&key.0, key.1)));
     for o in found {
-        let n = passes.entry((o.cgroup.clone(), o.gpu)).or_insert(0);
-        *n += 1;
+        let n = passes.count((o.cgroup.clone(), o.gpu));
         let unseen = o.victim.as_ref().map_or(0, Holder::unseen);
-        if *n == 1 {
-            if let Some(id) = super::cgroups::cgroup_id(&state.cgroup2_mount, &o.cgroup) {
-                state.backstop.reconciled(id);
+        if n == 1 {
+            if let Some(id) = state.cgroup_id(&o.cgroup) {
+                state.backstop().reconciled(id);
             }
             tracing::warn!(
                 event = "unseen_over_limit",
@@ -166,9 +174,9 @@ pub fn reconcile(state: &State, procs: &[(u32, ProcUsage)]) {
                 Size(o.driver_bytes),
                 o.gpu,
                 Size(o.limit),
-                Size(state.unseen_tolerance)
+                Size(state.unseen_tolerance())
             );
-        } else if state.on_exceed == super::limits::OnExceed::Kill
+        } else if state.on_exceed() == super::limits::OnExceed::Kill
             && let Some(v) = &o.victim
         {
             // Through a pidfd, and only if the PID still names a process of the subtree (a

@@ -17,7 +17,7 @@ use fgpu_common::ledger::uuid_key;
 
 use super::sched::Team;
 use crate::agent::gpus::uuid_bytes;
-use crate::agent::limits::{LimitStore, ancestors};
+use crate::agent::limits::{LimitView, ancestors};
 use crate::api::Limit;
 
 /// A share as a limit states it: per GPU (by device key) and plain.
@@ -66,7 +66,7 @@ pub struct TeamSpec {
 impl TeamSpec {
     /// The team of the ledger of `cgroup` under the limits of `store`, if its share comes
     /// from above it.
-    pub fn of(store: &LimitStore, cgroup: &str) -> Option<TeamSpec> {
+    pub fn of(store: &LimitView, cgroup: &str) -> Option<TeamSpec> {
         let mut setters = ancestors(cgroup).filter_map(|p| {
             let s = Share::of(store.own(p)?);
             s.any().then_some((p, s))
@@ -104,6 +104,7 @@ impl TeamSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::limits::LimitStore;
 
     struct Dir(std::path::PathBuf);
     impl Drop for Dir {

@@ -20,7 +20,9 @@ pub async fn run(state: Arc<State>) {
     let mut tick = tokio::time::interval(EVERY);
     loop {
         tick.tick().await;
-        let ledgers = state.ledgers.all();
+        let ledgers = state.ledgers().all();
+        // One copy of the limits for the pass, taken when a ledger first needs it.
+        let mut limits = None;
         seen.retain(|cgroup, _| ledgers.iter().any(|l| &l.cgroup == cgroup));
         for l in &ledgers {
             let total = l.denied();
@@ -28,10 +30,8 @@ pub async fn run(state: Arc<State>) {
             if total <= before {
                 continue;
             }
-            let effective = state
-                .limits
-                .lock()
-                .expect("limits lock")
+            let effective = limits
+                .get_or_insert_with(|| state.limits_view())
                 .effective(&l.cgroup)
                 .0;
             let limit = effective.memory_bytes;

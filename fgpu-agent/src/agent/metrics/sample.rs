@@ -11,13 +11,13 @@ use crate::agent::state::State;
 
 pub fn take(state: &State, hostname: &str, ready: bool) -> Sample {
     let report = crate::agent::report::of(state);
-    let ledgers = state.ledgers.all();
+    let ledgers = state.ledgers().all();
     Sample {
         hostname: hostname.to_string(),
         report,
-        gpus: state.gpus.devices.clone(),
+        gpus: state.devices().to_vec(),
         ledgers: ledgers.len(),
-        shims: state.shims.connected(),
+        shims: state.shims().connected(),
         ledger_devices: ledger_devices(state, &ledgers),
         switches: switches(state),
         ready,
@@ -60,7 +60,7 @@ fn ledger_devices(
 fn switches(state: &State) -> Vec<(u32, crate::agent::compute::Gaps)> {
     let keys = gpu_keys(state);
     let mut out: Vec<_> = state
-        .compute
+        .compute()
         .switches
         .all()
         .into_iter()
@@ -73,8 +73,7 @@ fn switches(state: &State) -> Vec<(u32, crate::agent::compute::Gaps)> {
 /// (uuid key, NVML index) of the node's GPUs.
 fn gpu_keys(state: &State) -> Vec<(u64, u32)> {
     state
-        .gpus
-        .devices
+        .devices()
         .iter()
         .filter_map(|g| Some((uuid_key(&uuid_bytes(&g.uuid)?), g.index)))
         .collect()
