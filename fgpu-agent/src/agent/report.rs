@@ -49,15 +49,29 @@ pub fn of(state: &State) -> StatusReport {
             });
         }
     }
-    report.cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
-    let nvml = nvml_by_cgroup(state.gpus());
-    let tallies = state.backstop().tallies();
     let ledgers: HashMap<String, Arc<CgroupLedger>> = state
         .ledgers()
         .all()
         .into_iter()
         .map(|l| (l.cgroup.clone(), l))
         .collect();
+    // A parked container holds no GPU memory the kernel sees, but it still has a row: its
+    // memory is in host memory (docs/parking.md).
+    for (cgroup, l) in &ledgers {
+        let parked = {
+            let lg = l.ledger();
+            (0..lg.slots_in_range()).any(|s| lg.parked_bytes(s) > 0)
+        };
+        if parked && !report.cgroups.iter().any(|r| &r.cgroup == cgroup) {
+            report.cgroups.push(CgroupStatus {
+                cgroup_id: l.cgroup_id,
+                ..CgroupStatus::empty(cgroup.clone())
+            });
+        }
+    }
+    report.cgroups.sort_by(|a, b| a.cgroup.cmp(&b.cgroup));
+    let nvml = nvml_by_cgroup(state.gpus());
+    let tallies = state.backstop().tallies();
     for row in &mut report.cgroups {
         identify(row, |pod_cgroup| limits.pod(pod_cgroup));
         row.compute_nvml_pct = nvml.get(&row.cgroup).map(|p| (p * 10.0).round() / 10.0);
