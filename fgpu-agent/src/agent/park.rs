@@ -162,7 +162,12 @@ impl Broker {
                     .collect();
                 let cands: Vec<Candidate> =
                     others.iter().filter_map(|c| candidate(c, &uuid)).collect();
-                let host_left = self.host_budget.saturating_sub(parked_now(&all));
+                // What the asker has parked comes back once room is made: it does not count
+                // against the host memory the one parked for it may take.
+                let asker_parked: u64 = (0..l.slots_in_range()).map(|s| l.parked_bytes(s)).sum();
+                let host_left = self
+                    .host_budget
+                    .saturating_sub(parked_now(&all).saturating_sub(asker_parked));
                 let chosen = pick(&cands, now_ms, host_left).and_then(|i| {
                     others
                         .iter()

@@ -368,7 +368,7 @@ fn park(l: &Ledger, slot: usize) -> u32 {
     sp.last_park_ns.store(ns, SeqCst);
     sp.parks.fetch_add(1, SeqCst);
     info!(
-        "parked {} in host memory in {} ms",
+        "parked {} ({total} bytes) in host memory in {} ms",
         fgpu_common::quantity::Size(total),
         ns / 1_000_000
     );
@@ -446,7 +446,7 @@ fn unpark() {
     sp.unparks.fetch_add(1, SeqCst);
     touch();
     info!(
-        "unparked {} in {} ms",
+        "unparked {} ({total} bytes) in {} ms",
         fgpu_common::quantity::Size(total),
         ns / 1_000_000
     );

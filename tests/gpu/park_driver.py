@@ -1,0 +1,209 @@
+"""Drives the parking check (tests/gpu/park.sh, issue 29): the PCIe link measured with plain
+pinned copies; each server's answers alone without fgpu (the reference); then three servers
+whose memory together is more than the GPU's, each in a "container" (a cgroup and a PID
+namespace with its own /proc) under the shim and the agent, parkable, answering requests
+round-robin. Writes $OUT/park.json and prints a table last.
+"""
+
+import argparse
+import json
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def pcie(py):
+    """Pinned host <-> device copy rates, GB/s (best of 3 copies of 8 GiB each way)."""
+    code = r"""
+import json, time, torch
+n = 8 << 30
+h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+d = torch.empty(n, dtype=torch.uint8, device="cuda")
+h2d, d2h = [], []
+for _ in range(3):
+    torch.cuda.synchronize(); t = time.perf_counter(); d.copy_(h, non_blocking=True); torch.cuda.synchronize()
+    h2d.append(n / (time.perf_counter() - t) / 1e9)
+    t = time.perf_counter(); h.copy_(d, non_blocking=True); torch.cuda.synchronize()
+    d2h.append(n / (time.perf_counter() - t) / 1e9)
+print(json.dumps({"h2d_gbs": max(h2d), "d2h_gbs": max(d2h)}))
+"""
+    out = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+class Server:
+    def __init__(self, a, name, seed):
+        self.name, self.seed = name, seed
+        self.cg = f"{a.cg_root}/fgpu-park-{name}"
+        self.err = open(os.path.join(a.out, f"server-{name}.log"), "w")
+        env = dict(os.environ, LD_PRELOAD=a.shim, FGPU_SOCKET=a.sock, FGPU_LOG="info")
+        cmd = ["sh", "-c", f'echo $$ > {self.cg}/cgroup.procs; exec unshare --pid --fork '
+               f'--mount-proc "$@"', "sh", a.py, os.path.join(HERE, "park_server.py"),
+               "--seed", str(seed), "--weights-gib", str(a.weights_gib)]
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=self.err, text=True, env=env)
+        self.q = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            try:
+                self.q.put(json.loads(line))
+            except ValueError:
+                pass
+        self.q.put(None)
+
+    def wait(self, timeout):
+        try:
+            m = self.q.get(timeout=timeout)
+        except queue.Empty:
+            return {"error": f"no answer within {timeout} s"}
+        return m if m is not None else {"error": "the server ended"}
+
+    def ask(self, n, timeout):
+        self.p.stdin.write(f"req {n}\n")
+        self.p.stdin.flush()
+        return self.wait(timeout)
+
+    def stop(self):
+        try:
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+        self.err.close()
+
+
+def status(a):
+    out = subprocess.run([a.fgpu, "status", "--json", "--socket", a.admin], capture_output=True,
+                         text=True, timeout=30)
+    try:
+        return {r["cgroup"]: r for r in json.loads(out.stdout)}
+    except ValueError:
+        return {}
+
+
+SHIM_LINE = re.compile(
+    r"fgpu: (unparked|parked) (\S+) \((\d+) bytes\) (?:in host memory )?in (\d+) ms")
+
+
+def shim_events(path):
+    """(kind, size text, bytes, ms) of every park and unpark a server's shim logged, in order."""
+    try:
+        return [m.groups() for m in map(SHIM_LINE.search, open(path)) if m]
+    except OSError:
+        return []
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for k in ["fgpu", "admin", "sock", "shim", "cg-root", "py", "out"]:
+        ap.add_argument("--" + k, required=True)
+    ap.add_argument("--weights-gib", type=float, default=47)
+    ap.add_argument("--requests", type=int, default=3)
+    ap.add_argument("--gap", type=float, default=1.5)
+    a = ap.parse_args()
+    res = {"weights_gib": a.weights_gib, "requests": a.requests}
+    names = [("a", 11), ("b", 22), ("c", 33)]
+
+    log("== the PCIe link: plain pinned copies of 8 GiB")
+    res["pcie"] = pcie(a.py)
+    log(res["pcie"])
+
+    log("== each server alone, without fgpu (the reference)")
+    ref = {}
+    for name, seed in names:
+        out = subprocess.run([a.py, os.path.join(HERE, "park_server.py"), "--seed", str(seed),
+                              "--weights-gib", str(a.weights_gib), "--reference",
+                              str(a.requests)], capture_output=True, text=True, timeout=240)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        ref[name] = r
+        log(name, "load_ms", r["load_ms"], [x["out"] for x in r["answers"]],
+            "first_ms", [x["first_ms"] for x in r["answers"]])
+    res["reference"] = ref
+
+    log("== three servers under fgpu, parkable")
+    servers = {}
+    res["loads"] = {}
+    try:
+        for name, seed in names:
+            s = Server(a, name, seed)
+            servers[name] = s
+            m = s.wait(300)
+            res["loads"][name] = m
+            log(name, "ready", m)
+            if "error" in m:
+                raise SystemExit(f"server {name} did not load: {m}")
+            time.sleep(a.gap)
+        st = status(a)
+        res["status_after_loads"] = {n: {k: st.get(s.cg.replace(a.cg_root, ""), {}).get(k)
+                                         for k in ["memory_used_bytes", "parked_bytes", "parks",
+                                                   "park_pinned"]}
+                                     for n, s in servers.items()}
+        log("after loads:", res["status_after_loads"])
+        rows = []
+        for n in range(a.requests):
+            for name, _ in names:
+                s = servers[name]
+                time.sleep(a.gap)
+                before = status(a).get(s.cg.replace(a.cg_root, ""), {})
+                t = time.perf_counter()
+                m = s.ask(n, 180)
+                wall = (time.perf_counter() - t) * 1000
+                want = ref[name]["answers"][n]
+                row = {"server": name, "req": n, "parked_before": before.get("parked_bytes", 0),
+                       "first_ms": m.get("first_ms"), "total_ms": m.get("total_ms"),
+                       "wall_ms": round(wall, 1), "out": m.get("out"), "ref": want["out"],
+                       "ref_first_ms": want["first_ms"], "equal": m.get("out") == want["out"],
+                       "error": m.get("error")}
+                rows.append(row)
+                log(row)
+        res["rows"] = rows
+        res["status_end"] = status(a)
+    finally:
+        for s in servers.values():
+            s.stop()
+    res["shim"] = {name: shim_events(os.path.join(a.out, f"server-{name}.log"))
+                   for name, _ in names}
+    json.dump(res, open(os.path.join(a.out, "park.json"), "w"), indent=1)
+
+    # The table.
+    h2d = res["pcie"]["h2d_gbs"]
+    log()
+    log(f"PCIe, pinned 8 GiB copies: host->device {h2d:.1f} GB/s, "
+        f"device->host {res['pcie']['d2h_gbs']:.1f} GB/s")
+    log(f"{'server':6} {'req':>3} {'parked before':>13} {'first token ms':>14} "
+        f"{'alone ms':>8} {'answer':>6}")
+    for r in res["rows"]:
+        log(f"{r['server']:6} {r['req']:>3} {r['parked_before'] / 2**30:>11.1f}Gi "
+            f"{r['first_ms'] if r['first_ms'] is not None else '-':>14} {r['ref_first_ms']:>8} "
+            f"{'equal' if r['equal'] else 'DIFF':>6}")
+    for name, ev in res["shim"].items():
+        for kind, size, nbytes, ms in ev:
+            extra = ""
+            if kind == "unparked":
+                ideal = int(nbytes) / (h2d * 1e9) * 1000
+                extra = f" (the link's copy time {ideal:.0f} ms: {int(ms) / ideal:.2f}x)"
+            elif kind == "parked":
+                extra = f" ({int(nbytes) / (int(ms) / 1000) / 1e9:.1f} GB/s)" if int(ms) else ""
+            log(f"{name}: {kind} {size} in {ms} ms{extra}")
+    ok = all(r["equal"] for r in res["rows"]) and len(res["rows"]) == 3 * a.requests
+    log("ALL ANSWERS EQUAL TO THE REFERENCE" if ok else "SOME ANSWERS DIFFER OR ARE MISSING")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
