@@ -93,6 +93,8 @@ trampolines! {
     cuMemAllocHost_v2 => host::cu_mem_alloc_host;
     cuMemHostAlloc => host::cu_mem_host_alloc;
     cuMemFreeHost => host::cu_mem_free_host;
+    cuMemHostRegister_v2 => host::cu_mem_host_register;
+    cuMemHostUnregister => host::cu_mem_host_unregister;
     cuMemAllocAsync => pool::cu_mem_alloc_async;
     cuMemAllocAsync_ptsz => pool::cu_mem_alloc_async;
     cuMemAllocFromPoolAsync => pool::cu_mem_alloc_from_pool_async;

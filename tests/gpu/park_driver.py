@@ -97,11 +97,12 @@ def status(a):
 
 
 SHIM_LINE = re.compile(
-    r"fgpu: (unparked|parked) (\S+) \((\d+) bytes\) (?:in host memory )?in (\d+) ms")
+    r"fgpu: (unparked|parked) (\S+) \((\d+) bytes\) (?:in host memory )?in (\d+) ms"
+    r"(?: \(([^)]*)\))?")
 
 
 def shim_events(path):
-    """(kind, size text, bytes, ms) of every park and unpark a server's shim logged, in order."""
+    """(kind, size text, bytes, ms, phases) of every park and unpark a server's shim logged, in order."""
     try:
         return [m.groups() for m in map(SHIM_LINE.search, open(path)) if m]
     except OSError:
@@ -192,13 +193,13 @@ def main():
             f"{r['first_ms'] if r['first_ms'] is not None else '-':>14} {r['ref_first_ms']:>8} "
             f"{'equal' if r['equal'] else 'DIFF':>6}")
     for name, ev in res["shim"].items():
-        for kind, size, nbytes, ms in ev:
-            extra = ""
+        for kind, size, nbytes, ms, phases in ev:
+            extra = f" [{phases}]" if phases else ""
             if kind == "unparked":
                 ideal = int(nbytes) / (h2d * 1e9) * 1000
-                extra = f" (the link's copy time {ideal:.0f} ms: {int(ms) / ideal:.2f}x)"
+                extra += f" (the link's copy time {ideal:.0f} ms: {int(ms) / ideal:.2f}x)"
             elif kind == "parked":
-                extra = f" ({int(nbytes) / (int(ms) / 1000) / 1e9:.1f} GB/s)" if int(ms) else ""
+                extra += f" ({int(nbytes) / (int(ms) / 1000) / 1e9:.1f} GB/s)" if int(ms) else ""
             log(f"{name}: {kind} {size} in {ms} ms{extra}")
     ok = all(r["equal"] for r in res["rows"]) and len(res["rows"]) == 3 * a.requests
     log("ALL ANSWERS EQUAL TO THE REFERENCE" if ok else "SOME ANSWERS DIFFER OR ARE MISSING")

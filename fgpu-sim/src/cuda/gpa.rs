@@ -97,6 +97,8 @@ static TABLE: &[Row] = &[
     r("cuMemAllocHost", 2000, cuMemAllocHost_v2),
     r("cuMemHostAlloc", 2020, cuMemHostAlloc),
     r("cuMemFreeHost", 2000, cuMemFreeHost),
+    r("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+    r("cuMemHostUnregister", 4000, cuMemHostUnregister),
     r("cuMemAllocAsync", 11020, cuMemAllocAsync),
     p("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz),
     r("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),

@@ -1,4 +1,5 @@
-//! Page-locked host memory: cuMemAllocHost_v2, cuMemHostAlloc, cuMemFreeHost.
+//! Page-locked host memory: cuMemAllocHost_v2, cuMemHostAlloc, cuMemFreeHost, and host memory
+//! of the process registered with cuMemHostRegister_v2 / cuMemHostUnregister.
 //!
 //! Backed by anonymous private mappings of this process (pages cost host memory only once
 //! touched), tracked in `Local::host`. Nothing is charged on the device. The memory stays
@@ -70,5 +71,54 @@ pub extern "C" fn cu_mem_free_host(p: *mut c_void) -> CUresult {
             CUDA_SUCCESS
         }
         None => CUDA_ERROR_INVALID_VALUE,
+    }
+}
+
+/// `CU_MEMHOSTREGISTER_PORTABLE | _DEVICEMAP | _IOMEMORY | _READ_ONLY`.
+const HOST_REGISTER_FLAGS: u32 = 0x1 | 0x2 | 0x4 | 0x8;
+const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
+const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
+
+/// Registered ranges: start → length (process-wide, like the real driver's).
+static REGISTERED: std::sync::Mutex<std::collections::BTreeMap<usize, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// `cuMemHostRegister_v2(p, bytesize, flags)`: page-locks a range of the process's memory
+/// (Memory Management, cuMemHostRegister): a range overlapping one already registered is
+/// CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, unknown flags or a zero size
+/// CUDA_ERROR_INVALID_VALUE. The simulator only records the range.
+pub extern "C" fn cu_mem_host_register(p: *mut c_void, size: usize, flags: u32) -> CUresult {
+    if p.is_null() || size == 0 || flags & !HOST_REGISTER_FLAGS != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if let Err(e) = local().current_dev() {
+        return e;
+    }
+    let start = p as usize;
+    let mut r = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
+    let overlaps = r
+        .range(..start + size)
+        .next_back()
+        .is_some_and(|(&s, &len)| s + len > start);
+    if overlaps {
+        return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    }
+    r.insert(start, size);
+    CUDA_SUCCESS
+}
+
+/// `cuMemHostUnregister(p)`: `p` must be the start of a registered range, else
+/// CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED.
+pub extern "C" fn cu_mem_host_unregister(p: *mut c_void) -> CUresult {
+    if let Err(e) = local().current_dev() {
+        return e;
+    }
+    match REGISTERED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&(p as usize))
+    {
+        Some(_) => CUDA_SUCCESS,
+        None => CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED,
     }
 }

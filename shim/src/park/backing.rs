@@ -188,67 +188,130 @@ pub fn free_range(va: CUdeviceptr, size: u64) {
     }
 }
 
-/// Pinned, portable host memory of `size` bytes (null if none could be had).
-pub fn host_alloc(size: u64) -> *mut c_void {
-    let Some(f) = real::CU_MEM_HOST_ALLOC.get() else {
-        return std::ptr::null_mut();
+/// Host memory for one park: an anonymous mapping (transparent huge pages asked for),
+/// faulted in by several threads at once, then page-locked for the device
+/// (`cuMemHostRegister_v2`, portable), so that copies in both directions run at the link's
+/// speed. One region per park: one registration instead of one per allocation.
+pub struct HostRegion {
+    pub base: *mut c_void,
+    pub len: usize,
+}
+
+// SAFETY: the region is plain memory owned by whoever holds the value.
+unsafe impl Send for HostRegion {}
+
+/// Threads that fault a region in.
+const FAULT_THREADS: usize = 8;
+const HUGE: usize = 2 << 20;
+
+/// A [`HostRegion`] of at least `len` bytes, registered in the current context's driver;
+/// None if the memory or the registration could not be had.
+pub fn host_region(len: u64) -> Result<HostRegion, Failed> {
+    let len = (len as usize).div_ceil(HUGE) * HUGE;
+    // SAFETY: a fresh anonymous private mapping; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
     };
-    let mut p: *mut c_void = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    let rc = unsafe { f(&mut p, size as usize, real::CU_MEMHOSTALLOC_PORTABLE) };
-    if rc != 0 { std::ptr::null_mut() } else { p }
+    if p == libc::MAP_FAILED {
+        return Err(Failed { call: "mmap", rc: 2 });
+    }
+    // SAFETY: advice on the mapping just made (ignored where THP is off).
+    unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, FAULT_THREADS);
+    let per = len.div_ceil(threads).div_ceil(HUGE) * HUGE;
+    let base = p as usize;
+    std::thread::scope(|sc| {
+        for t in 0..threads {
+            let (from, to) = ((t * per).min(len), ((t + 1) * per).min(len));
+            sc.spawn(move || {
+                let mut off = from;
+                while off < to {
+                    // SAFETY: inside the mapping; one write per page faults it in.
+                    unsafe { ((base + off) as *mut u8).write_volatile(0) };
+                    off += 4096;
+                }
+            });
+        }
+    });
+    let reg = sym(&real::CU_MEM_HOST_REGISTER, "cuMemHostRegister_v2");
+    // SAFETY: the whole mapping, faulted in; portable (every context may copy with it).
+    let rc = reg.map(|f| unsafe { f(p, len, real::CU_MEMHOSTREGISTER_PORTABLE) });
+    match rc {
+        Ok(0) => Ok(HostRegion { base: p, len }),
+        Ok(rc) | Err(Failed { rc, .. }) => {
+            // SAFETY: the mapping made above, not registered.
+            unsafe { libc::munmap(p, len) };
+            Err(Failed {
+                call: "cuMemHostRegister_v2",
+                rc,
+            })
+        }
+    }
 }
 
-/// Frees what [`host_alloc`] gave.
-pub fn host_free(p: *mut c_void) {
-    if p.is_null() {
-        return;
+/// Unregisters and unmaps a region (in a context of the process's driver).
+pub fn host_region_free(r: HostRegion) {
+    if let Some(f) = real::CU_MEM_HOST_UNREGISTER.get() {
+        // SAFETY: a region host_region registered, unregistered once.
+        let rc = unsafe { f(r.base) };
+        if rc != 0 {
+            crate::log::warning!("parking: cuMemHostUnregister failed: {rc}");
+        }
     }
-    if let Some(f) = real::CU_MEM_FREE_HOST.get() {
-        // SAFETY: a buffer from cuMemHostAlloc, freed once.
-        unsafe { f(p) };
-    }
+    // SAFETY: the mapping host_region made, no longer registered or referenced.
+    unsafe { libc::munmap(r.base, r.len) };
 }
 
-/// Chunks copies are cut into (so that one copy never needs more than this in flight).
-const COPY_CHUNK: u64 = 256 << 20;
-
-/// Device → host, in the calling thread's current context.
-pub fn copy_out(host: *mut c_void, va: CUdeviceptr, size: u64) -> Result<(), Failed> {
-    let f = sym(&real::CU_MEMCPY_DTOH, "cuMemcpyDtoH_v2")?;
-    let mut off = 0;
-    while off < size {
-        let n = COPY_CHUNK.min(size - off);
-        // SAFETY: `host` holds `size` bytes; the device range is ours and mapped.
-        check("cuMemcpyDtoH_v2", unsafe {
-            f(
-                host.cast::<u8>().add(off as usize).cast(),
-                va + off,
-                n as usize,
-            )
-        })?;
-        off += n;
-    }
-    Ok(())
+/// A stream of the current context for the copies of one park or unpark.
+pub fn stream() -> Result<Handle, Failed> {
+    let f = sym(&real::CU_STREAM_CREATE, "cuStreamCreate")?;
+    let mut s: Handle = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; a non-blocking stream of the current context.
+    check("cuStreamCreate", unsafe {
+        f(&mut s, real::CU_STREAM_NON_BLOCKING)
+    })?;
+    Ok(s)
 }
 
-/// Host → device, in the calling thread's current context.
-pub fn copy_in(va: CUdeviceptr, host: *const c_void, size: u64) -> Result<(), Failed> {
-    let f = sym(&real::CU_MEMCPY_HTOD, "cuMemcpyHtoD_v2")?;
-    let mut off = 0;
-    while off < size {
-        let n = COPY_CHUNK.min(size - off);
-        // SAFETY: `host` holds `size` bytes; the device range is ours and mapped again.
-        check("cuMemcpyHtoD_v2", unsafe {
-            f(
-                va + off,
-                host.cast::<u8>().add(off as usize).cast(),
-                n as usize,
-            )
-        })?;
-        off += n;
+/// Waits for `s`'s copies and destroys it.
+pub fn finish(s: Handle) -> Result<(), Failed> {
+    let sync = sym(&real::CU_STREAM_SYNCHRONIZE, "cuStreamSynchronize")?;
+    // SAFETY: a stream `stream` made.
+    let rc = check("cuStreamSynchronize", unsafe { sync(s) });
+    if let Some(d) = real::CU_STREAM_DESTROY.get() {
+        // SAFETY: the same stream, destroyed once.
+        unsafe { d(s) };
     }
-    Ok(())
+    rc
+}
+
+/// Device → host on `s` (queued; [`finish`] waits).
+pub fn copy_out(host: *mut c_void, va: CUdeviceptr, size: u64, s: Handle) -> Result<(), Failed> {
+    let f = sym(&real::CU_MEMCPY_DTOH_ASYNC, "cuMemcpyDtoHAsync_v2")?;
+    // SAFETY: `host` holds `size` bytes of registered memory; the device range is ours and
+    // mapped.
+    check("cuMemcpyDtoHAsync_v2", unsafe {
+        f(host, va, size as usize, s)
+    })
+}
+
+/// Host → device on `s` (queued; [`finish`] waits).
+pub fn copy_in(va: CUdeviceptr, host: *const c_void, size: u64, s: Handle) -> Result<(), Failed> {
+    let f = sym(&real::CU_MEMCPY_HTOD_ASYNC, "cuMemcpyHtoDAsync_v2")?;
+    // SAFETY: `host` holds `size` bytes of registered memory; the device range is ours and
+    // mapped again.
+    check("cuMemcpyHtoDAsync_v2", unsafe {
+        f(va, host, size as usize, s)
+    })
 }
 
 /// Runs `f` with `ctx` current on this thread, restoring what was current.

@@ -33,7 +33,7 @@ use crate::ledger;
 use crate::log::{info, warning};
 use crate::real::{CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult};
 use crate::registered::Registered;
-use backing::{RECORDS, Rec};
+use backing::{HostRegion, RECORDS, Rec};
 
 /// Whether this process's calls pass the door: its container is parkable, or it is not
 /// resident (a container made unparkable while parked still unparks at its next call).
@@ -48,15 +48,25 @@ static LOCK: Mutex<()> = Mutex::new(());
 static PINS: AtomicU32 = AtomicU32::new(0);
 /// Records in [`RECORDS`] (read without the lock).
 static COUNT: AtomicUsize = AtomicUsize::new(0);
-/// Host copies an unpark left for the watcher to free, with their contexts.
-static TO_FREE: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+/// The host region of the park in effect (None while resident), with the context it was
+/// registered in.
+static REGION: Mutex<Option<(HostRegion, usize)>> = Mutex::new(None);
+/// Host regions an unpark left for the watcher to free, with their contexts.
+static TO_FREE: Mutex<Vec<(HostRegion, usize)>> = Mutex::new(Vec::new());
 
-/// Frees a host copy in its context.
-fn free_host_in(ctx: crate::real::Handle, p: *mut std::ffi::c_void) {
-    if backing::in_ctx(ctx, || backing::host_free(p)).is_err() {
-        backing::host_free(p);
+/// Frees a host region in its context.
+fn free_region_in(ctx: crate::real::Handle, r: HostRegion) {
+    let mut r = Some(r);
+    let _ = backing::in_ctx(ctx, || {
+        if let Some(r) = r.take() {
+            backing::host_region_free(r);
+        }
+    });
+    if let Some(r) = r {
+        backing::host_region_free(r);
     }
 }
+
 /// Closes the launch entry points' fast paths (registered by lib.rs), so that launches pass
 /// the door.
 static CLOSE_FAST_PATHS: Registered<fn()> = Registered::new();
@@ -222,9 +232,6 @@ pub fn free(ptr: CUdeviceptr) -> Option<CUresult> {
         backing::release(rec.handle);
         account::release(rec.idx, rec.size);
     }
-    if !rec.host.is_null() {
-        free_host_in(rec.ctx, rec.host);
-    }
     backing::free_range(rec.va, rec.size);
     Some(0)
 }
@@ -232,10 +239,10 @@ pub fn free(ptr: CUdeviceptr) -> Option<CUresult> {
 /// The watcher thread's look (crate::gate): answers a new park request of the agent, frees
 /// host copies an unpark left behind.
 pub fn poll() {
-    let freed: Vec<(usize, usize)> =
+    let freed: Vec<(HostRegion, usize)> =
         std::mem::take(&mut *TO_FREE.lock().unwrap_or_else(|e| e.into_inner()));
-    for (p, ctx) in freed {
-        free_host_in(ctx as crate::real::Handle, p as *mut std::ffi::c_void);
+    for (r, ctx) in freed {
+        free_region_in(ctx as crate::real::Handle, r);
     }
     let Some((l, slot)) = ledger::get() else {
         return;
@@ -266,6 +273,22 @@ fn unexplained(l: &Ledger, slot: usize, recs: &[Rec]) -> u64 {
         let overhead = s.overhead[idx].load(SeqCst);
         let backed: u64 = recs.iter().filter(|r| r.idx == idx).map(|r| r.size).sum();
         out += used.saturating_sub(overhead).saturating_sub(backed);
+    }
+    out
+}
+
+/// Milliseconds since `t0` (ns).
+fn ms_since(t0: u64) -> u64 {
+    fgpu_common::clock::mono_ns().saturating_sub(t0) / 1_000_000
+}
+
+/// The distinct contexts of `recs`, in order of first appearance.
+fn contexts(recs: &[Rec]) -> Vec<crate::real::Handle> {
+    let mut out: Vec<crate::real::Handle> = Vec::new();
+    for r in recs {
+        if !out.contains(&r.ctx) {
+            out.push(r.ctx);
+        }
     }
     out
 }
@@ -314,61 +337,68 @@ fn park(l: &Ledger, slot: usize) -> u32 {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     let mut recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
-    let mut ctxs: Vec<usize> = recs.iter().map(|r| r.ctx as usize).collect();
-    ctxs.sort_unstable();
-    ctxs.dedup();
-    for c in ctxs {
-        if let Err(e) = backing::in_ctx(c as crate::real::Handle, backing::sync).and_then(|r| r) {
-            warning!("parking: {} failed ({}); not parked", e.call, e.rc);
-            return give_up(PARK_DRIVER_ERROR);
-        }
-    }
-    // Copy everything out first; only then give physical memory back, so that a failure
-    // leaves the process as it was.
-    let mut hosts: Vec<(*mut std::ffi::c_void, crate::real::Handle)> =
-        Vec::with_capacity(recs.len());
-    let undo = |hosts: &[(*mut std::ffi::c_void, crate::real::Handle)]| {
-        hosts.iter().for_each(|&(h, ctx)| free_host_in(ctx, h))
-    };
-    for r in recs.iter() {
-        // Pinned host memory is the context's (the watcher thread has none of its own).
-        let h =
-            backing::in_ctx(r.ctx, || backing::host_alloc(r.size)).unwrap_or(std::ptr::null_mut());
-        if h.is_null() {
+    let ctxs = contexts(&recs);
+    let total: u64 = recs.iter().map(|r| r.size).sum();
+    // Host memory first (registered in the first context; portable).
+    let region = match backing::in_ctx(ctxs[0], || backing::host_region(total)) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) | Err(e) => {
             warning!(
-                "parking: no pinned host memory for {} bytes (the container's memory cgroup?); not parked",
-                r.size
+                "parking: no host memory for {} ({} failed: {}; the container's memory cgroup?); not parked",
+                fgpu_common::quantity::Size(total),
+                e.call,
+                e.rc
             );
-            undo(&hosts);
             return give_up(PARK_NO_HOST_MEMORY);
         }
-        hosts.push((h, r.ctx));
-        if let Err(e) =
-            backing::in_ctx(r.ctx, || backing::copy_out(h, r.va, r.size)).and_then(|r| r)
-        {
+    };
+    let host_ms = ms_since(t0);
+    let t1 = fgpu_common::clock::mono_ns();
+    // Copy everything out (per context: its work done first, then its copies on a stream
+    // of its own); only then give physical memory back, so that a failure leaves the
+    // process as it was.
+    let mut off = 0usize;
+    let mut hosts = Vec::with_capacity(recs.len());
+    for r in recs.iter() {
+        hosts.push(region.base.wrapping_byte_add(off));
+        off += r.size as usize;
+    }
+    for &c in &ctxs {
+        let copied = backing::in_ctx(c, || -> Result<(), backing::Failed> {
+            backing::sync()?;
+            let s = backing::stream()?;
+            let queued = recs
+                .iter()
+                .zip(&hosts)
+                .filter(|(r, _)| r.ctx == c)
+                .try_for_each(|(r, &h)| backing::copy_out(h, r.va, r.size, s));
+            let done = backing::finish(s);
+            queued.and(done)
+        });
+        if let Err(e) = copied.and_then(|r| r) {
             warning!("parking: {} failed ({}); not parked", e.call, e.rc);
-            undo(&hosts);
+            free_region_in(ctxs[0], region);
             return give_up(PARK_DRIVER_ERROR);
         }
     }
-    let mut total = 0u64;
-    for (r, (h, _)) in recs.iter_mut().zip(hosts) {
+    let copy_ms = ms_since(t1);
+    for (r, h) in recs.iter_mut().zip(hosts) {
         backing::unmap(r.va, r.size);
         backing::release(r.handle);
         account::release(r.idx, r.size);
         sp.parked[r.idx].fetch_add(r.size, SeqCst);
         r.handle = 0;
         r.host = h;
-        total += r.size;
     }
     drop(recs);
+    *REGION.lock().unwrap_or_else(|e| e.into_inner()) = Some((region, ctxs[0] as usize));
     PHASE.store(PARKED, SeqCst);
     sp.phase.store(PARKED, SeqCst);
     let ns = fgpu_common::clock::mono_ns().saturating_sub(t0);
     sp.last_park_ns.store(ns, SeqCst);
     sp.parks.fetch_add(1, SeqCst);
     info!(
-        "parked {} ({total} bytes) in host memory in {} ms",
+        "parked {} ({total} bytes) in host memory in {} ms (host memory {host_ms} ms, copies {copy_ms} ms)",
         fgpu_common::quantity::Size(total),
         ns / 1_000_000
     );
@@ -393,6 +423,7 @@ fn unpark() {
     sp.phase.store(UNPARKING, SeqCst);
     let mut recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
     let mut total = 0u64;
+    let mut waited_ns = 0u64;
     let mut said = crate::sys::now_ms();
     let mut stuck = |what: &dyn std::fmt::Display| {
         let now = crate::sys::now_ms();
@@ -402,7 +433,11 @@ fn unpark() {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
+    // Per context, a stream for its copies: physical memory is made and mapped while the
+    // copies queued before it run.
+    let mut streams: Vec<(crate::real::Handle, crate::real::Handle)> = Vec::new();
     for r in recs.iter_mut().filter(|r| r.handle == 0) {
+        let w0 = fgpu_common::clock::mono_ns();
         // The limit still applies: charge first (a limit lowered meanwhile makes this wait).
         while let Err(d) = account::reserve_at("unpark", (l, slot), r.ord, r.idx, r.size, |_| {}) {
             stuck(&format_args!(
@@ -421,34 +456,67 @@ fn unpark() {
                 Err(e) => stuck(&format_args!("{} failed ({})", e.call, e.rc)),
             }
         };
+        waited_ns += fgpu_common::clock::mono_ns().saturating_sub(w0);
         while let Err(e) = backing::map(r.va, r.size, h, r.ord) {
             stuck(&format_args!("{} failed ({})", e.call, e.rc));
         }
-        while let Err(e) =
-            backing::in_ctx(r.ctx, || backing::copy_in(r.va, r.host, r.size)).and_then(|r| r)
-        {
-            stuck(&format_args!("{} failed ({})", e.call, e.rc));
+        let s = match streams.iter().find(|(c, _)| *c == r.ctx) {
+            Some(&(_, s)) => Some(s),
+            None => match backing::in_ctx(r.ctx, backing::stream) {
+                Ok(Ok(s)) => {
+                    streams.push((r.ctx, s));
+                    Some(s)
+                }
+                _ => None,
+            },
+        };
+        let copied = backing::in_ctx(r.ctx, || match s {
+            Some(s) => backing::copy_in(r.va, r.host, r.size, s),
+            None => backing::copy_in(r.va, r.host, r.size, std::ptr::null_mut())
+                .and_then(|()| backing::sync()),
+        });
+        if let Err(e) = copied.and_then(|r| r) {
+            // The host copy stays until the copy is made: try again synchronously.
+            crate::log::error!("unparking: {} failed ({}); copying again", e.call, e.rc);
+            while let Err(e) = backing::in_ctx(r.ctx, || {
+                backing::copy_in(r.va, r.host, r.size, std::ptr::null_mut())
+                    .and_then(|()| backing::sync())
+            })
+            .and_then(|r| r)
+            {
+                stuck(&format_args!("{} failed ({})", e.call, e.rc));
+            }
         }
-        sp.parked[r.idx].fetch_sub(r.size.min(sp.parked[r.idx].load(SeqCst)), SeqCst);
-        TO_FREE
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((r.host as usize, r.ctx as usize));
-        r.host = std::ptr::null_mut();
         r.handle = h;
         total += r.size;
     }
+    for (c, s) in streams {
+        if let Err(e) = backing::in_ctx(c, || backing::finish(s)).and_then(|r| r) {
+            crate::log::error!("unparking: {} failed ({})", e.call, e.rc);
+        }
+    }
+    for r in recs.iter_mut() {
+        if !r.host.is_null() {
+            sp.parked[r.idx].fetch_sub(r.size.min(sp.parked[r.idx].load(SeqCst)), SeqCst);
+            r.host = std::ptr::null_mut();
+        }
+    }
     drop(recs);
+    if let Some(region) = REGION.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        TO_FREE.lock().unwrap_or_else(|e| e.into_inner()).push(region);
+    }
     PHASE.store(RESIDENT, SeqCst);
     sp.phase.store(RESIDENT, SeqCst);
     let ns = fgpu_common::clock::mono_ns().saturating_sub(t0);
-    sp.last_unpark_ns.store(ns, SeqCst);
+    // The unpark's own length: without the time it waited for room or for its limit.
+    sp.last_unpark_ns.store(ns.saturating_sub(waited_ns), SeqCst);
     sp.unparks.fetch_add(1, SeqCst);
     touch();
     info!(
-        "unparked {} ({total} bytes) in {} ms",
+        "unparked {} ({total} bytes) in {} ms (waited for room {} ms)",
         fgpu_common::quantity::Size(total),
-        ns / 1_000_000
+        ns.saturating_sub(waited_ns) / 1_000_000,
+        waited_ns / 1_000_000
     );
     refresh(l);
 }

@@ -257,6 +257,11 @@ syms! {
         fn(*mut usize, *const AllocProp, c_int) -> CUresult;
     CU_MEM_HOST_ALLOC Cuda c"cuMemHostAlloc": fn(*mut *mut c_void, usize, c_uint) -> CUresult;
     CU_MEM_FREE_HOST Cuda c"cuMemFreeHost": fn(*mut c_void) -> CUresult;
+    CU_MEM_HOST_REGISTER Cuda c"cuMemHostRegister_v2": fn(*mut c_void, usize, c_uint) -> CUresult;
+    CU_MEM_HOST_UNREGISTER Cuda c"cuMemHostUnregister": fn(*mut c_void) -> CUresult;
+    CU_STREAM_CREATE Cuda c"cuStreamCreate": fn(*mut Handle, c_uint) -> CUresult;
+    CU_STREAM_DESTROY Cuda c"cuStreamDestroy_v2": fn(Handle) -> CUresult;
+    CU_STREAM_SYNCHRONIZE Cuda c"cuStreamSynchronize": fn(Handle) -> CUresult;
     CU_CTX_SYNCHRONIZE Cuda c"cuCtxSynchronize": fn() -> CUresult;
     CU_CTX_PUSH_CURRENT Cuda c"cuCtxPushCurrent_v2": fn(Handle) -> CUresult;
     CU_CTX_POP_CURRENT Cuda c"cuCtxPopCurrent_v2": fn(*mut Handle) -> CUresult;
@@ -392,8 +397,10 @@ pub struct AccessDesc {
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
 /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
 pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
-/// `CU_MEMHOSTALLOC_PORTABLE`.
-pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 1;
+/// `CU_MEMHOSTREGISTER_PORTABLE`.
+pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 1;
+/// `CU_STREAM_NON_BLOCKING`.
+pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
 
 /// Head of `CUlaunchConfig` (cuLaunchKernelEx): grid, block, shared memory, then the stream
 /// at offset 32.
