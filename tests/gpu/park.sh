@@ -30,6 +30,7 @@ trap cleanup EXIT
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader
   "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
   free -g | head -2
+  echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
 } 2>&1 | tee "$OUT/environment.txt"
 
 "$FGPU" agent --socket "$SOCK" --admin-socket "$ADMIN" --libcuda "$LIBCUDA" --bpf-dir /sys/fs/bpf/fgpu-park \

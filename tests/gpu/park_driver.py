@@ -129,7 +129,7 @@ def main():
     for name, seed in names:
         out = subprocess.run([a.py, os.path.join(HERE, "park_server.py"), "--seed", str(seed),
                               "--weights-gib", str(a.weights_gib), "--reference",
-                              str(a.requests)], capture_output=True, text=True, timeout=240)
+                              str(a.requests + 1)], capture_output=True, text=True, timeout=240)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         ref[name] = r
         log(name, "load_ms", r["load_ms"], [x["out"] for x in r["answers"]],
@@ -173,6 +173,26 @@ def main():
                 rows.append(row)
                 log(row)
         res["rows"] = rows
+        # An unpark with room to spare (no other container to park first): the last
+        # server asked ends, and the one parked for it is asked again; a resident one too.
+        last = names[-1][0]
+        servers[last].stop()
+        time.sleep(a.gap + 1)
+        st = status(a)
+        parked = [n for n, _ in names[:-1]
+                  if st.get(servers[n].cg.replace(a.cg_root, ""), {}).get("parked_bytes")]
+        resident = [n for n, _ in names[:-1] if n not in parked]
+        res["free_unpark"] = []
+        for name in parked + resident:
+            s = servers[name]
+            n = a.requests
+            t = time.perf_counter()
+            m = s.ask(n, 180)
+            res["free_unpark"].append({"server": name, "parked_before": name in parked,
+                                       "first_ms": m.get("first_ms"), "out": m.get("out"),
+                                       "equal": m.get("out") == ref[name]["answers"][n]["out"],
+                                       "wall_ms": round((time.perf_counter() - t) * 1000, 1)})
+            log("after", last, "ended:", res["free_unpark"][-1])
         res["status_end"] = status(a)
     finally:
         for s in servers.values():
@@ -201,7 +221,11 @@ def main():
             elif kind == "parked":
                 extra += f" ({int(nbytes) / (int(ms) / 1000) / 1e9:.1f} GB/s)" if int(ms) else ""
             log(f"{name}: {kind} {size} in {ms} ms{extra}")
-    ok = all(r["equal"] for r in res["rows"]) and len(res["rows"]) == 3 * a.requests
+    for f in res.get("free_unpark", []):
+        log(f"{f['server']} asked with room to spare, {'parked' if f['parked_before'] else 'resident'}"
+            f" before: first token {f['first_ms']} ms, answer {'equal' if f['equal'] else 'DIFF'}")
+    ok = (all(r["equal"] for r in res["rows"] + res.get("free_unpark", []))
+          and len(res["rows"]) == 3 * a.requests)
     log("ALL ANSWERS EQUAL TO THE REFERENCE" if ok else "SOME ANSWERS DIFFER OR ARE MISSING")
     sys.exit(0 if ok else 1)
 

@@ -195,6 +195,9 @@ pub fn free_range(va: CUdeviceptr, size: u64) {
 pub struct HostRegion {
     pub base: *mut c_void,
     pub len: usize,
+    /// How long faulting it in and registering it took, ms.
+    pub fault_ms: u64,
+    pub register_ms: u64,
 }
 
 // SAFETY: the region is plain memory owned by whoever holds the value.
@@ -224,6 +227,7 @@ pub fn host_region(len: u64) -> Result<HostRegion, Failed> {
     }
     // SAFETY: advice on the mapping just made (ignored where THP is off).
     unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };
+    let t0 = fgpu_common::clock::mono_ns();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, FAULT_THREADS);
@@ -242,11 +246,17 @@ pub fn host_region(len: u64) -> Result<HostRegion, Failed> {
             });
         }
     });
+    let t1 = fgpu_common::clock::mono_ns();
     let reg = sym(&real::CU_MEM_HOST_REGISTER, "cuMemHostRegister_v2");
     // SAFETY: the whole mapping, faulted in; portable (every context may copy with it).
     let rc = reg.map(|f| unsafe { f(p, len, real::CU_MEMHOSTREGISTER_PORTABLE) });
     match rc {
-        Ok(0) => Ok(HostRegion { base: p, len }),
+        Ok(0) => Ok(HostRegion {
+            base: p,
+            len,
+            fault_ms: t1.saturating_sub(t0) / 1_000_000,
+            register_ms: fgpu_common::clock::mono_ns().saturating_sub(t1) / 1_000_000,
+        }),
         Ok(rc) | Err(Failed { rc, .. }) => {
             // SAFETY: the mapping made above, not registered.
             unsafe { libc::munmap(p, len) };

@@ -353,6 +353,7 @@ fn park(l: &Ledger, slot: usize) -> u32 {
         }
     };
     let host_ms = ms_since(t0);
+    let (fault_ms, register_ms) = (region.fault_ms, region.register_ms);
     let t1 = fgpu_common::clock::mono_ns();
     // Copy everything out (per context: its work done first, then its copies on a stream
     // of its own); only then give physical memory back, so that a failure leaves the
@@ -398,7 +399,7 @@ fn park(l: &Ledger, slot: usize) -> u32 {
     sp.last_park_ns.store(ns, SeqCst);
     sp.parks.fetch_add(1, SeqCst);
     info!(
-        "parked {} ({total} bytes) in host memory in {} ms (host memory {host_ms} ms, copies {copy_ms} ms)",
+        "parked {} ({total} bytes) in host memory in {} ms (host memory {host_ms} ms: faulting in {fault_ms} ms, registering {register_ms} ms; copies {copy_ms} ms)",
         fgpu_common::quantity::Size(total),
         ns / 1_000_000
     );
