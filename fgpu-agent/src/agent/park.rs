@@ -7,15 +7,107 @@
 //! failed to park); what it reads and writes is the ledgers' shared pages
 //! (`fgpu_common::ledger::park`). The choice itself is [`pick`], a pure function.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fgpu_common::ledger::park::{PARK_OK, RESIDENT, ROOM_COMING, ROOM_DONE, ROOM_NONE, room_tag};
 use fgpu_common::ledger::{Ledger, MAX_DEVICES, uuid_key};
 
+use super::compute::Gaps;
 use super::ledgers::{CgroupLedger, Ledgers};
+
+/// Upper bounds of the park and unpark duration histograms, seconds.
+pub const DURATION_BUCKETS: [f64; 11] =
+    [0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
+
+/// What parking did, per cgroup (its ledger) since the agent started, for the metrics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CgroupFigures {
+    pub parks: u64,
+    pub unparks: u64,
+    /// Bytes moved to host memory by its parks.
+    pub parked_bytes: u64,
+    /// Time its launches, copies and allocations waited for an unpark, seconds.
+    pub wait_s: f64,
+}
+
+/// The broker's figures: per cgroup, and the durations of every park and unpark.
+#[derive(Debug, Clone)]
+pub struct Figures {
+    pub per_cgroup: BTreeMap<String, CgroupFigures>,
+    pub park: Gaps,
+    pub unpark: Gaps,
+}
+
+impl Default for Figures {
+    fn default() -> Self {
+        Figures {
+            per_cgroup: BTreeMap::new(),
+            park: Gaps::new(&DURATION_BUCKETS),
+            unpark: Gaps::new(&DURATION_BUCKETS),
+        }
+    }
+}
+
+/// [`Figures`] shared with the metrics listener: the broker writes, scrapes copy.
+#[derive(Debug, Default)]
+pub struct ParkFigures(Mutex<Figures>);
+
+impl ParkFigures {
+    pub fn snapshot(&self) -> Figures {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// Per (cgroup, slot): the slot's generation and the counters last seen there.
+type Seen = HashMap<(String, usize), [u64; 4]>;
+
+/// Adds what the ledgers' slots did since the last look to `figures` (counters of a slot
+/// whose generation changed start from zero: a new process).
+fn observe(all: &[Arc<CgroupLedger>], seen: &mut Seen, figures: &ParkFigures) {
+    let mut f = figures.0.lock().unwrap_or_else(|e| e.into_inner());
+    let mut alive = std::collections::HashSet::new();
+    for c in all {
+        let l = c.ledger();
+        for s in 0..l.slots_in_range() {
+            let sp = l.slot_park(s);
+            let now = [
+                l.slots[s].generation.load(SeqCst),
+                sp.parks.load(SeqCst),
+                sp.unparks.load(SeqCst),
+                sp.wait_ns.load(SeqCst),
+            ];
+            let key = (c.cgroup.clone(), s);
+            let before = match seen.get(&key) {
+                Some(b) if b[0] == now[0] => *b,
+                _ => [now[0], 0, 0, 0],
+            };
+            if now[1..] != before[1..] {
+                let cf = f.per_cgroup.entry(c.cgroup.clone()).or_default();
+                if now[1] > before[1] {
+                    cf.parks += now[1] - before[1];
+                    cf.parked_bytes += l.parked_bytes(s);
+                    let secs = sp.last_park_ns.load(SeqCst) as f64 / 1e9;
+                    f.park.observe(secs);
+                }
+                let cf = f.per_cgroup.entry(c.cgroup.clone()).or_default();
+                if now[2] > before[2] {
+                    cf.unparks += now[2] - before[2];
+                    let secs = sp.last_unpark_ns.load(SeqCst) as f64 / 1e9;
+                    f.unpark.observe(secs);
+                }
+                let cf = f.per_cgroup.entry(c.cgroup.clone()).or_default();
+                cf.wait_s += now[3].saturating_sub(before[3]) as f64 / 1e9;
+            }
+            seen.insert(key, now);
+        }
+        alive.insert(c.cgroup.clone());
+    }
+    seen.retain(|(cg, _), _| alive.contains(cg));
+    f.per_cgroup.retain(|cg, _| alive.contains(cg));
+}
 
 /// How often the broker looks.
 const TICK: Duration = Duration::from_millis(50);
@@ -106,7 +198,9 @@ struct Pending {
 }
 
 /// What the broker remembers between looks.
-struct Broker {
+struct Broker<'f> {
+    figures: &'f ParkFigures,
+    seen: Seen,
     host_budget: u64,
     pending: Option<Pending>,
     /// Containers that failed to park, by cgroup → when.
@@ -131,9 +225,10 @@ fn answer(asker: &CgroupLedger, tag: u64, verdict: u32) {
     p.room_for.store(tag, SeqCst);
 }
 
-impl Broker {
+impl Broker<'_> {
     fn look(&mut self, ledgers: &Ledgers, now_ms: u64) {
         let all = ledgers.all();
+        observe(&all, &mut self.seen, self.figures);
         if let Some(p) = self.pending.take() {
             self.pending = self.follow(p, now_ms);
         }
@@ -177,6 +272,7 @@ impl Broker {
                 match chosen {
                     None => {
                         tracing::info!(
+                            event = "room_none",
                             cgroup = %asker.cgroup,
                             bytes,
                             "asked for room: no idle parkable container to park"
@@ -186,6 +282,7 @@ impl Broker {
                     Some((target, cand)) => {
                         let epoch = target.ledger().park().command.fetch_add(1, SeqCst) + 1;
                         tracing::info!(
+                            event = "park_requested",
                             cgroup = %asker.cgroup,
                             bytes,
                             parking = %target.cgroup,
@@ -222,7 +319,15 @@ impl Broker {
             .iter()
             .any(|&s| l.slot_park(s).result.load(SeqCst) == PARK_OK);
         if ok {
-            tracing::info!(cgroup = %p.target.cgroup, "parked");
+            let bytes: u64 = slots.iter().map(|&s| l.parked_bytes(s)).sum();
+            tracing::info!(
+                event = "parked",
+                cgroup = %p.target.cgroup,
+                bytes,
+                for_cgroup = %p.asker.cgroup,
+                ms = now_ms.saturating_sub(p.since_ms),
+                "parked"
+            );
             answer(&p.asker, p.tag, ROOM_DONE);
         } else {
             let results: Vec<u32> = slots
@@ -230,6 +335,7 @@ impl Broker {
                 .map(|&s| l.slot_park(s).result.load(SeqCst))
                 .collect();
             tracing::warn!(
+                event = "park_failed",
                 cgroup = %p.target.cgroup,
                 ?results,
                 timed_out = !done,
@@ -244,9 +350,11 @@ impl Broker {
 }
 
 /// The broker's loop (its own thread): `host_budget` bytes of host memory may hold parked
-/// memory, all containers together.
-pub fn run(ledgers: &Ledgers, host_budget: u64) {
+/// memory, all containers together; what parking did goes to `figures`.
+pub fn run(ledgers: &Ledgers, figures: &ParkFigures, host_budget: u64) {
     let mut b = Broker {
+        figures,
+        seen: HashMap::new(),
         host_budget,
         pending: None,
         failed: HashMap::new(),

@@ -63,6 +63,7 @@ use super::gpus::{Gpu, Gpus};
 use super::kernel::{KernelMaps, Snapshot};
 use super::ledgers::Ledgers;
 use super::limits::{LimitStore, LimitView, OnExceed};
+use super::park::ParkFigures;
 use super::peer::Access;
 use super::shims::Shims;
 use crate::api::Limit;
@@ -88,6 +89,8 @@ pub struct State {
     events: EventCounts,
     /// The compute controller's figures.
     compute: ComputeStatus,
+    /// Parking's figures (the broker writes them, [`super::park`]).
+    park: ParkFigures,
 }
 
 /// What [`State::new`] is given; the other parts start empty.
@@ -133,6 +136,7 @@ impl State {
             libraries,
             events: EventCounts::default(),
             compute: ComputeStatus::default(),
+            park: ParkFigures::default(),
         }
     }
 
@@ -196,6 +200,11 @@ impl State {
     /// The compute controller's figures.
     pub fn compute(&self) -> &ComputeStatus {
         &self.compute
+    }
+
+    /// Parking's figures.
+    pub fn park(&self) -> &ParkFigures {
+        &self.park
     }
 
     /// Events seen, by kind ([`super::events`]).

@@ -132,10 +132,24 @@ pub fn limit_from_env(env: &[String], args: &HookArgs) -> Result<Limit> {
         }
         None => None,
     };
+    let park_after_ms = match getenv(env, "FGPU_PARK_AFTER").filter(|v| !v.trim().is_empty()) {
+        Some(v) => {
+            let ms = fgpu_common::quantity::parse_duration_ms(v)
+                .map_err(|e| anyhow::anyhow!("FGPU_PARK_AFTER={v}: {e}"))?;
+            if ms == 0 {
+                bail!(
+                    "FGPU_PARK_AFTER={v}: give how long the container must leave the GPU alone first, e.g. 30s"
+                );
+            }
+            Some(ms)
+        }
+        None => None,
+    };
     Ok(Limit {
         memory_bytes,
         compute_pct,
         compute_cap_pct: None,
+        park_after_ms,
         ..Limit::default()
     })
 }
@@ -281,6 +295,8 @@ mod tests {
         );
         let l = limit_from_env(&env(&["FGPU_COMPUTE_SHARE=30%"]), &args()).unwrap();
         assert_eq!((l.memory_bytes, l.compute_pct), (None, Some(30)));
+        let l = limit_from_env(&env(&["FGPU_PARK_AFTER=30s"]), &args()).unwrap();
+        assert_eq!(l.park_after_ms, Some(30_000));
         assert_eq!(
             limit_from_env(&env(&["FGPU_MEMORY_LIMIT="]), &args()).unwrap(),
             Limit::default()
@@ -306,6 +322,8 @@ mod tests {
             ("GPU_MEM_LIMIT_GB=100", "above this node's maximum"),
             ("FGPU_COMPUTE_SHARE=250%", "FGPU_COMPUTE_SHARE"),
             ("FGPU_COMPUTE_SHARE=0", "1-100%"),
+            ("FGPU_PARK_AFTER=0", "leave the GPU alone"),
+            ("FGPU_PARK_AFTER=soon", "FGPU_PARK_AFTER=soon"),
         ] {
             let err = limit_from_env(&env(&[var]), &args())
                 .unwrap_err()

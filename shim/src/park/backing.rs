@@ -223,7 +223,10 @@ pub fn host_region(len: u64) -> Result<HostRegion, Failed> {
         )
     };
     if p == libc::MAP_FAILED {
-        return Err(Failed { call: "mmap", rc: 2 });
+        return Err(Failed {
+            call: "mmap",
+            rc: 2,
+        });
     }
     // SAFETY: advice on the mapping just made (ignored where THP is off).
     unsafe { libc::madvise(p, len, libc::MADV_HUGEPAGE) };

@@ -504,13 +504,17 @@ fn unpark() {
     }
     drop(recs);
     if let Some(region) = REGION.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        TO_FREE.lock().unwrap_or_else(|e| e.into_inner()).push(region);
+        TO_FREE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(region);
     }
     PHASE.store(RESIDENT, SeqCst);
     sp.phase.store(RESIDENT, SeqCst);
     let ns = fgpu_common::clock::mono_ns().saturating_sub(t0);
     // The unpark's own length: without the time it waited for room or for its limit.
-    sp.last_unpark_ns.store(ns.saturating_sub(waited_ns), SeqCst);
+    sp.last_unpark_ns
+        .store(ns.saturating_sub(waited_ns), SeqCst);
     sp.unparks.fetch_add(1, SeqCst);
     touch();
     info!(

@@ -43,6 +43,8 @@ pub struct Sample {
     pub ledger_devices: Vec<LedgerDevice>,
     /// Turn switches per GPU (NVML index): the time the device went without a holder.
     pub switches: Vec<(u32, Gaps)>,
+    /// What parking did (docs/parking.md).
+    pub park: crate::agent::park::Figures,
     pub ready: bool,
 }
 
@@ -51,6 +53,7 @@ pub fn families(sample: &Sample) -> Vec<Family> {
     let b = Families(sample);
     let mut out = Vec::new();
     b.cgroups(&mut out);
+    b.parking(&mut out);
     b.ledgers(&mut out);
     b.node(&mut out);
     out
@@ -326,6 +329,53 @@ impl Families<'_> {
             out,
             self.per_cgroup(|r| r.compute_queue_us.map(|us| us as f64 / 1e6)),
         );
+    }
+
+    fn parking(&self, out: &mut Vec<Family>) {
+        bytes(
+            "cgroup_parked",
+            "Device memory of the cgroup's processes parked in host memory now (docs/parking.md), all devices",
+        )
+        .gauges(out, self.per_cgroup(|r| Some(r.parked_bytes as f64)));
+        let p = &self.0.park;
+        let per = |f: fn(&crate::agent::park::CgroupFigures) -> f64| {
+            p.per_cgroup
+                .iter()
+                .take(MAX_CGROUPS)
+                .map(move |(cg, c)| (self.cgroup(cg), f(c)))
+                .collect::<Vec<_>>()
+        };
+        fam(
+            "cgroup_parks",
+            "Times a process of the cgroup (its ledger) moved its device memory to host memory",
+        )
+        .counters(out, per(|c| c.parks as f64));
+        fam(
+            "cgroup_unparks",
+            "Times a process of the cgroup (its ledger) brought its device memory back",
+        )
+        .counters(out, per(|c| c.unparks as f64));
+        bytes(
+            "cgroup_park_moved",
+            "Device memory the cgroup's parks moved to host memory",
+        )
+        .counters(out, per(|c| c.parked_bytes as f64));
+        seconds(
+            "cgroup_park_wait",
+            "Time the cgroup's launches, copies and allocations waited for their memory to come back",
+        )
+        .counters(out, per(|c| c.wait_s));
+        let node = |g: &Gaps| vec![(self.host(), HistogramSnapshot::of(g))];
+        seconds(
+            "park_duration",
+            "How long a park took: host memory, the copies out, the device memory given back",
+        )
+        .push(out, Series::Histogram(node(&p.park)));
+        seconds(
+            "unpark_duration",
+            "How long an unpark took, without waiting for room or for the limit: device memory mapped again and the copies in",
+        )
+        .push(out, Series::Histogram(node(&p.unpark)));
     }
 
     fn ledgers(&self, out: &mut Vec<Family>) {

@@ -20,6 +20,7 @@ pub fn take(state: &State, hostname: &str, ready: bool) -> Sample {
         shims: state.shims().connected(),
         ledger_devices: ledger_devices(state, &ledgers),
         switches: switches(state),
+        park: state.park().snapshot(),
         ready,
     }
 }

@@ -65,8 +65,54 @@ fn sample(rows: Vec<CgroupStatus>) -> Sample {
             g.observe(0.004);
             g
         })],
+        park: {
+            let mut p = crate::agent::park::Figures::default();
+            p.per_cgroup.insert(
+                "/fgpu/a".into(),
+                crate::agent::park::CgroupFigures {
+                    parks: 2,
+                    unparks: 1,
+                    parked_bytes: 3 << 30,
+                    wait_s: 0.5,
+                },
+            );
+            p.park.observe(3.5);
+            p.unpark.observe(0.9);
+            p
+        },
         ready: true,
     }
+}
+
+#[test]
+fn parking_has_its_counters_per_cgroup_and_its_durations_per_node() {
+    let mut parked = row("/fgpu/a", 0, Some(4 << 30), 0);
+    parked.parked_bytes = 3 << 30;
+    let text = encode(&sample(vec![parked]));
+    let base = r#"cgroup="/fgpu/a",Hostname="node-1""#;
+    for want in [
+        format!("fgpu_cgroup_parked_bytes{{{base}}} 3221225472.0"),
+        format!("fgpu_cgroup_parks_total{{{base}}} 2.0"),
+        format!("fgpu_cgroup_unparks_total{{{base}}} 1.0"),
+        format!("fgpu_cgroup_park_moved_bytes_total{{{base}}} 3221225472.0"),
+        format!("fgpu_cgroup_park_wait_seconds_total{{{base}}} 0.5"),
+        r#"fgpu_park_duration_seconds_bucket{le="4.0",Hostname="node-1"} 1"#.to_string(),
+        r#"fgpu_park_duration_seconds_bucket{le="2.0",Hostname="node-1"} 0"#.to_string(),
+        r#"fgpu_unpark_duration_seconds_bucket{le="1.0",Hostname="node-1"} 1"#.to_string(),
+        r#"fgpu_unpark_duration_seconds_count{Hostname="node-1"} 1"#.to_string(),
+    ] {
+        assert!(
+            series(&text).contains(&want.as_str()),
+            "missing {want} in\n{text}"
+        );
+    }
+    // The classic format carries the same.
+    let c = classic(&sample(vec![row("/fgpu/a", 0, None, 0)]));
+    assert!(
+        c.contains("# TYPE fgpu_park_duration_seconds histogram"),
+        "{c}"
+    );
+    assert!(c.contains("fgpu_cgroup_parks_total{"), "{c}");
 }
 
 /// The sample lines (not comments) of an exposition.
