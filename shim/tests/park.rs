@@ -102,55 +102,72 @@ fn privileged_an_idle_parkable_tenant_is_parked_for_another_and_comes_back_byte_
     assert!(a.stderr.contains("unparked 512MiB"), "{a}");
 }
 
-/// A tenant holding memory that cannot move (a pitched allocation) is not parked: the other
-/// tenant's allocation fails as it would without parking, and the status says why.
+/// A tenant holding memory that cannot move is not parked: the other tenant's allocation
+/// fails as it would without parking, and the status says why. One case per kind of memory
+/// that pins (a pitched allocation, managed memory, a stream-ordered allocation, a memory
+/// pool's, a CUDA array, and memory allocated before the container was made parkable).
 #[test]
-fn privileged_a_pinned_tenant_is_not_parked_and_status_says_why() {
+fn privileged_pinned_tenants_are_not_parked_and_status_says_why() {
     if !privileged() {
         return;
     }
     let w = AgentWorld::new("parkpin");
     let _agent = w.agent();
-    let a_cg = Cgroup::new("parkpin-a");
-    let b_cg = Cgroup::new("parkpin-b");
-    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
-    w.set_limit(&b_cg, "1500MiB");
-    let mut a = w.load(
-        &a_cg,
-        &SIM,
-        &[
-            "alloc",
-            "256MiB",
-            "alloc-api",
-            "pitch",
-            "256MiB",
-            "launch",
-            "1",
-            "empty",
-            "hold",
-        ],
-    );
-    a.expect("ready");
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let mut b = w.load(&b_cg, &SIM, &["alloc", "512MiB", "alloc", "512MiB", "hold"]);
-    b.expect("ready");
-    let allocs = allocs(&b.lines);
-    assert_eq!(allocs[0], Ok(512 << 20), "{:?}", b.lines);
-    assert_eq!(
-        allocs[1],
-        Err(2),
-        "out of memory, as without parking: {:?}",
-        b.lines
-    );
-    let r = row(&w, &a_cg);
-    assert_eq!(r["parked_bytes"], 0, "{r}");
-    let pins = r["park_pinned"].to_string();
-    assert!(pins.contains("pitched allocations"), "{r}");
-    let (ok, text) = w.fgpu(&["status"]);
-    assert!(
-        ok && text.contains("not parkable: pitched allocations"),
-        "{text}"
-    );
+    for (api, reason) in [
+        ("pitch", "pitched allocations"),
+        ("managed", "managed memory"),
+        ("async", "stream-ordered allocations or memory pools"),
+        ("pool", "stream-ordered allocations or memory pools"),
+        ("array", "CUDA arrays"),
+        ("early", "memory allocated before parking was enabled"),
+    ] {
+        let a_cg = Cgroup::new(&format!("parkpin-a-{api}"));
+        let b_cg = Cgroup::new(&format!("parkpin-b-{api}"));
+        let early = api == "early";
+        if early {
+            w.set_limits(&a_cg, &["--memory", "1500MiB"]);
+        } else {
+            w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+        }
+        w.set_limit(&b_cg, "1800MiB");
+        let first: Vec<&str> = if early {
+            vec!["alloc", "256MiB"]
+        } else {
+            vec!["alloc-api", api, "256MiB"]
+        };
+        let mut steps = first;
+        steps.extend(["alloc", "256MiB", "launch", "1", "empty", "hold"]);
+        let mut a = w.load(&a_cg, &SIM, &steps);
+        a.expect("ready");
+        if early {
+            // Parkable from now on: what it holds was allocated before.
+            w.set_limits(&a_cg, &["--park-after", "1s"]);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        // 300 + 512 + 768 MiB for b: more than the 2 GiB less a's context and its plain
+        // 256 MiB, whether or not the simulator puts a's other 256 MiB on the device
+        // (managed memory it does not); parking a's plain 256 MiB would make it fit.
+        let mut b = w.load(&b_cg, &SIM, &["alloc", "512MiB", "alloc", "768MiB", "hold"]);
+        b.expect("ready");
+        let allocs = allocs(&b.lines);
+        assert_eq!(allocs[0], Ok(512 << 20), "{api}: {:?}", b.lines);
+        assert_eq!(
+            allocs[1],
+            Err(2),
+            "{api}: out of memory, as without parking: {:?}",
+            b.lines
+        );
+        let r = row(&w, &a_cg);
+        assert_eq!(r["parked_bytes"], 0, "{api}: {r}");
+        assert!(r["park_pinned"].to_string().contains(reason), "{api}: {r}");
+        let (ok, text) = w.fgpu(&["status"]);
+        assert!(
+            ok && text.contains(&format!("not parkable: {reason}")),
+            "{api}: {text}"
+        );
+        drop(b);
+        drop(a);
+    }
 }
 
 /// A tenant that keeps launching is never idle for its park-after: it is not parked, and the

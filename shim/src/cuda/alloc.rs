@@ -66,6 +66,8 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
     if let Some(rc) = crate::park::alloc(dptr, bytesize) {
         return rc;
     }
+    // Made the ordinary way: it cannot move if the container becomes parkable later.
+    crate::park::note_pin(fgpu_common::ledger::park::pin::EARLY);
     // SAFETY: forwarding the caller's arguments unchanged.
     linear("cuMemAlloc_v2", dptr, bytesize, Kind::Device, || unsafe {
         f(dptr, bytesize)
@@ -197,4 +199,31 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: Handle) 
     let f = real_or_3!(real::CU_MEM_FREE_ASYNC_PTSZ);
     // SAFETY: forwarding the caller's arguments unchanged.
     free_ptr(dptr, || unsafe { f(dptr, stream) })
+}
+
+/// Legacy CUDA IPC cannot export memory backed for parking (the driver refuses VMM memory:
+/// "The new CUDA virtual memory management functions do not support the legacy cuIpc*
+/// functions", NVIDIA's VMM introduction): the call fails as the driver answers, and the
+/// process is marked pinned, with a line saying why (docs/parking.md, "Limits").
+///
+/// # Safety
+/// The CUDA driver API contract of `cuIpcGetMemHandle`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuIpcGetMemHandle(
+    handle: *mut std::ffi::c_void,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    let f = real_or_3!(real::CU_IPC_GET_MEM_HANDLE);
+    // SAFETY: forwarding the caller's arguments unchanged.
+    let rc = unsafe { f(handle, dptr) };
+    if rc != 0 && crate::park::is_backed(dptr) {
+        crate::park::note_pin(fgpu_common::ledger::park::pin::IPC);
+        crate::log::warning!(
+            "cuIpcGetMemHandle({dptr:#x}) failed ({rc}): this container is parkable \
+             (--park-after / FGPU_PARK_AFTER) and its memory is backed for parking, which \
+             legacy CUDA IPC cannot export; do not make containers that share memory with \
+             CUDA IPC parkable"
+        );
+    }
+    rc
 }

@@ -63,6 +63,7 @@ wrap_table! {
     CU_MEM_MAP => vmm::cuMemMap,
     CU_MEM_UNMAP => vmm::cuMemUnmap,
     CU_MEM_RETAIN_ALLOCATION_HANDLE => vmm::cuMemRetainAllocationHandle,
+    CU_IPC_GET_MEM_HANDLE => alloc::cuIpcGetMemHandle,
     CU_ARRAY_CREATE => array::cuArrayCreate_v2,
     CU_ARRAY3D_CREATE => array::cuArray3DCreate_v2,
     CU_MIPMAPPED_ARRAY_CREATE => array::cuMipmappedArrayCreate,

@@ -99,10 +99,11 @@ pub fn refresh(l: &Ledger) {
     }
 }
 
-/// Records a reason this process cannot be parked (an allocation of a kind that cannot
-/// move), while its container is parkable.
+/// Records a reason this process cannot be parked: an allocation of a kind that cannot move
+/// (whether or not its container is parkable yet: it may become parkable later). Only read
+/// when memory that no parkable record explains is found.
 pub fn note_pin(bit: u32) {
-    if PARKABLE.load(Relaxed) {
+    if PINS.load(Relaxed) & bit == 0 {
         PINS.fetch_or(bit, Relaxed);
     }
 }
@@ -236,6 +237,16 @@ pub fn free(ptr: CUdeviceptr) -> Option<CUresult> {
     Some(0)
 }
 
+/// Whether `ptr` lies in an allocation backed for parking.
+pub fn is_backed(ptr: CUdeviceptr) -> bool {
+    COUNT.load(Relaxed) > 0
+        && RECORDS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|r| ptr >= r.va && ptr - r.va < r.size)
+}
+
 /// The watcher thread's look (crate::gate): answers a new park request of the agent, frees
 /// host copies an unpark left behind.
 pub fn poll() {
@@ -307,9 +318,7 @@ fn park(l: &Ledger, slot: usize) -> u32 {
     }
     {
         let recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
-        if recs.is_empty() {
-            return PARK_NOTHING;
-        }
+        // Memory no record explains cannot move: the process is pinned, whatever it is.
         if unexplained(l, slot, &recs) > 0 {
             let bits = match PINS.load(Relaxed) {
                 0 => pin::EARLY,
@@ -317,6 +326,9 @@ fn park(l: &Ledger, slot: usize) -> u32 {
             };
             sp.pinned.store(bits, SeqCst);
             return PARK_PINNED;
+        }
+        if recs.is_empty() {
+            return PARK_NOTHING;
         }
     }
     sp.pinned.store(0, SeqCst);

@@ -194,6 +194,7 @@ syms! {
     CU_MEM_MAP Cuda c"cuMemMap":
         fn(CUdeviceptr, usize, usize, MemHandle, c_ulonglong) -> CUresult;
     CU_MEM_UNMAP Cuda c"cuMemUnmap": fn(CUdeviceptr, usize) -> CUresult;
+    CU_IPC_GET_MEM_HANDLE Cuda c"cuIpcGetMemHandle": fn(*mut c_void, CUdeviceptr) -> CUresult;
     CU_MEM_RETAIN_ALLOCATION_HANDLE Cuda c"cuMemRetainAllocationHandle":
         fn(*mut MemHandle, *mut c_void) -> CUresult;
     CU_ARRAY_CREATE Cuda c"cuArrayCreate_v2": fn(*mut Handle, *const ArrayDescriptor) -> CUresult;
