@@ -51,8 +51,15 @@ static COUNT: AtomicUsize = AtomicUsize::new(0);
 /// The host region of the park in effect (None while resident), with the context it was
 /// registered in.
 static REGION: Mutex<Option<(HostRegion, usize)>> = Mutex::new(None);
-/// Host regions an unpark left for the watcher to free, with their contexts.
-static TO_FREE: Mutex<Vec<(HostRegion, usize)>> = Mutex::new(Vec::new());
+/// Host regions an unpark left for the watcher to free, with their contexts and when
+/// (CLOCK_MONOTONIC ms).
+static TO_FREE: Mutex<Vec<(HostRegion, usize, u64)>> = Mutex::new(Vec::new());
+/// A region is freed once the process has left the GPU alone this long (unregistering tens
+/// of GiB takes the driver a second, during which the process's own work stalls: measured
+/// on the H200, docs/parking.md)...
+const FREE_WHEN_IDLE_MS: u64 = 200;
+/// ...or this long after its unpark, whatever the process does.
+const FREE_AT_LATEST_MS: u64 = 10_000;
 
 /// Frees a host region in its context.
 fn free_region_in(ctx: crate::real::Handle, r: HostRegion) {
@@ -250,14 +257,24 @@ pub fn is_backed(ptr: CUdeviceptr) -> bool {
 /// The watcher thread's look (crate::gate): answers a new park request of the agent, frees
 /// host copies an unpark left behind.
 pub fn poll() {
-    let freed: Vec<(HostRegion, usize)> =
-        std::mem::take(&mut *TO_FREE.lock().unwrap_or_else(|e| e.into_inner()));
-    for (r, ctx) in freed {
-        free_region_in(ctx as crate::real::Handle, r);
-    }
     let Some((l, slot)) = ledger::get() else {
         return;
     };
+    let now = crate::sys::now_ms();
+    let idle = now.saturating_sub(l.slot_park(slot).last_active_ms.load(Relaxed));
+    let due: Vec<(HostRegion, usize, u64)> = {
+        let mut q = TO_FREE.lock().unwrap_or_else(|e| e.into_inner());
+        let all = std::mem::take(&mut *q);
+        let (due, keep) = all.into_iter().partition(|&(_, _, at)| {
+            (idle >= FREE_WHEN_IDLE_MS && INFLIGHT.load(SeqCst) == 0)
+                || now.saturating_sub(at) >= FREE_AT_LATEST_MS
+        });
+        *q = keep;
+        due
+    };
+    for (r, ctx, _) in due {
+        free_region_in(ctx as crate::real::Handle, r);
+    }
     if !PARKABLE.load(Relaxed) {
         if l.park_after_ms().is_none() {
             return;
@@ -515,11 +532,11 @@ fn unpark() {
         }
     }
     drop(recs);
-    if let Some(region) = REGION.lock().unwrap_or_else(|e| e.into_inner()).take() {
+    if let Some((region, ctx)) = REGION.lock().unwrap_or_else(|e| e.into_inner()).take() {
         TO_FREE
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(region);
+            .push((region, ctx, crate::sys::now_ms()));
     }
     PHASE.store(RESIDENT, SeqCst);
     sp.phase.store(RESIDENT, SeqCst);
