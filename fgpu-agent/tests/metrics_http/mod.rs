@@ -123,7 +123,19 @@ pub fn scrape_openmetrics(addr: &str) -> (String, Vec<Series>) {
 pub fn sample_set(series: &[Series]) -> std::collections::BTreeSet<String> {
     series
         .iter()
-        .map(|s| format!("{} {:?} {}", s.name, s.labels, s.value))
+        .map(|s| {
+            // A bucket's bound is a number to a scraper: OpenMetrics writes `1.0`, the
+            // classic format `1`.
+            let labels: BTreeMap<&String, String> = s
+                .labels
+                .iter()
+                .map(|(k, v)| match (k.as_str(), v.parse::<f64>()) {
+                    ("le", Ok(b)) => (k, b.to_string()),
+                    _ => (k, v.clone()),
+                })
+                .collect();
+            format!("{} {:?} {}", s.name, labels, s.value)
+        })
         .collect()
 }
 

@@ -448,6 +448,11 @@ fn both_formats_carry_the_same_series_and_families() {
     let (a, b) = (samples(&om), samples(&cl));
     assert!(a.len() > 40, "{om}");
     assert_eq!(a, b, "\nOpenMetrics:\n{om}\nclassic:\n{cl}");
+    // Histograms nothing was observed in yet (an agent that never parked) too.
+    let mut quiet = s.clone();
+    quiet.park = crate::agent::park::Figures::default();
+    let (qo, qc) = (encode(&quiet), classic(&quiet));
+    assert_eq!(samples(&qo), samples(&qc), "\nOpenMetrics:\n{qo}\nclassic:\n{qc}");
     // Every OpenMetrics family with series is a classic family, named as its samples are.
     let classic_types = types(&cl);
     for (name, ty) in types(&om) {
