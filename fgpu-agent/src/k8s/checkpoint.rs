@@ -101,6 +101,7 @@ mod tests {
                     compute_pct: Some(30),
                     pods: vec!["aa".into()],
                     pod_names: BTreeMap::new(),
+                    park_after_ms: Some(30_000),
                 },
                 cdi_ids: vec!["fgpu.io/claim=u1".into()],
                 spec_file: dir.join("x.json"),
@@ -108,6 +109,13 @@ mod tests {
         );
         c.save().unwrap();
         assert_eq!(Checkpoint::load(&path).unwrap().claims, c.claims);
+        // A checkpoint written before parking (no `park_after_ms`) reads as not parkable.
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(r#""park_after_ms": 30000"#), "{text}");
+        let old = text.replace(r#""park_after_ms": 30000"#, r#""written_before": 0"#);
+        std::fs::write(&path, old).unwrap();
+        let back = Checkpoint::load(&path).unwrap();
+        assert_eq!(back.claims["u1"].plan.park_after_ms, None);
         std::fs::write(&path, b"{").unwrap();
         assert!(
             Checkpoint::load(&path)

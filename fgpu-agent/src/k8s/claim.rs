@@ -1,11 +1,12 @@
 //! What a prepared ResourceClaim means for fgpu: the GPU its allocation picked for this
 //! driver, the capacities it consumes there (`memory` bytes, `compute` percent), and the pods
-//! it is reserved for. Pure: from the claim as the API server returned it.
+//! it is reserved for, and the opaque configuration its allocation carries for this driver
+//! (`parkAfter`). Pure: from the claim as the API server returned it.
 
 use std::collections::BTreeMap;
 
 use anyhow::{Result, bail};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use serde::{Deserialize, Serialize};
 
 use super::quantity;
@@ -35,6 +36,11 @@ pub struct Plan {
     /// are left out).
     #[serde(default)]
     pub pod_names: BTreeMap<String, String>,
+    /// Parkable after this long without GPU use, ms (docs/parking.md): the `parkAfter` of
+    /// the opaque configuration for this driver ([`park_after`]); `None`: not set by the
+    /// claim or its class (the pod's cgroup inherits, as any cgroup does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub park_after_ms: Option<u64>,
 }
 
 /// Reads `claim` for `driver`. `expect_uid` is the UID the kubelet asked for: a claim of the
@@ -66,6 +72,7 @@ pub fn plan(claim: &ResourceClaim, driver: &str, expect_uid: &str) -> Result<Opt
     let mut memory: Option<u64> = Some(0);
     let mut compute: Option<u64> = Some(0);
     let mut requests = Vec::new();
+    let mut result_refs: Vec<&str> = Vec::new();
     for r in &results {
         if (r.pool.as_str(), r.device.as_str()) != (first.pool.as_str(), first.device.as_str()) {
             bail!(
@@ -79,6 +86,7 @@ pub fn plan(claim: &ResourceClaim, driver: &str, expect_uid: &str) -> Result<Opt
         // the pod name the request (`resources.claims[].request: gpu`), and the kubelet
         // matches the prepared devices to them by that name
         // (k8s.io/dynamic-resource-allocation/resourceclaim `BaseRequestRef`).
+        result_refs.push(&r.request);
         let base = r.request.split('/').next().unwrap_or_default().to_string();
         if !requests.contains(&base) {
             requests.push(base);
@@ -111,6 +119,18 @@ pub fn plan(claim: &ResourceClaim, driver: &str, expect_uid: &str) -> Result<Opt
         Some(c) if c >= 100 => None,
         Some(c) => Some(c as u8),
     };
+    let configs = alloc
+        .devices
+        .as_ref()
+        .and_then(|d| d.config.as_deref())
+        .unwrap_or_default();
+    let park_after_ms = park_after(configs, driver, &result_refs).map_err(|e| {
+        anyhow::anyhow!(
+            "ResourceClaim {}/{}: {e:#}",
+            meta.namespace.as_deref().unwrap_or(""),
+            meta.name.as_deref().unwrap_or("")
+        )
+    })?;
     let consumers: Vec<_> = status
         .and_then(|s| s.reserved_for.as_ref())
         .map(|r| {
@@ -145,7 +165,103 @@ pub fn plan(claim: &ResourceClaim, driver: &str, expect_uid: &str) -> Result<Opt
         compute_pct,
         pods,
         pod_names,
+        park_after_ms,
     }))
+}
+
+/// The one key of fgpu's opaque parameters.
+pub const PARK_AFTER: &str = "parkAfter";
+
+/// The `parkAfter` (ms) that the allocation's configuration gives the results `result_refs`
+/// (`request` of each allocation result of this driver: `gpu`, or `gpu/small` for a
+/// prioritized list's subrequest). `configs` is `status.allocation.devices.config`, into
+/// which the scheduler copies the DeviceClass's `spec.config` (source `FromClass`) and the
+/// claim's `spec.devices.config` (source `FromClaim`): resource.k8s.io/v1,
+/// `DeviceAllocationResult.Config []DeviceAllocationConfiguration` (`source`, `requests`,
+/// and the inlined `DeviceConfiguration`'s `opaque: {driver, parameters}`), read in
+/// kubernetes/api resource/v1/types.go at release-1.34 (f40c031f) and master (10b39a39,
+/// 1.37 beta); v1beta1 and v1beta2 have the same fields, and the plugin reads claims as v1
+/// whatever version they were written in (the API server converts).
+///
+/// Which entries count, as upstream drivers decide: an entry whose `opaque.driver` is
+/// another driver's is ignored, and one without `opaque` names no driver; one whose
+/// `requests` is non-empty applies only if it names a result's request, or the main request
+/// of a subrequest result (`ConfigForResult`, k8s.io/dynamic-resource-allocation/
+/// resourceclaim). Of those, class entries come first and claim entries after, each in list
+/// order, and the last that sets `parkAfter` wins: a claim's configuration overrides its
+/// class's (`GetOpaqueDeviceConfigs`, "in order of reverse precedence", in
+/// kubernetes-sigs/dra-example-driver cmd/dra-example-kubeletplugin/state.go at 31914ce,
+/// which also refuses an unknown `source`). Every entry of ours that applies is checked,
+/// overridden or not: `parameters` must be a JSON object whose only key is `parkAfter`, a
+/// duration string (`30s`, `500ms`, `2m`, `1h`, whole seconds) above 0.
+pub fn park_after(
+    configs: &[DeviceAllocationConfiguration],
+    driver: &str,
+    result_refs: &[&str],
+) -> Result<Option<u64>> {
+    let applies = |c: &DeviceAllocationConfiguration| match c.requests.as_deref() {
+        None | Some([]) => true,
+        Some(names) => result_refs.iter().any(|r| {
+            let base = r.split('/').next().unwrap_or_default();
+            names.iter().any(|n| n == r || n == base)
+        }),
+    };
+    let mut ours: Vec<(u8, usize, &DeviceAllocationConfiguration)> = Vec::new();
+    for (i, c) in configs.iter().enumerate() {
+        let Some(opaque) = c.opaque.as_ref() else {
+            continue;
+        };
+        if opaque.driver != driver || !applies(c) {
+            continue;
+        }
+        let rank = match c.source.as_str() {
+            "FromClass" => 0,
+            "FromClaim" => 1,
+            other => bail!(
+                "status.allocation.devices.config[{i}].source is {other:?}, neither FromClass \
+                 nor FromClaim"
+            ),
+        };
+        ours.push((rank, i, c));
+    }
+    // Stable: list order within each source.
+    ours.sort_by_key(|(rank, i, _)| (*rank, *i));
+    let mut found = None;
+    for (_, i, c) in ours {
+        let from = if c.source == "FromClass" {
+            "from the DeviceClass's spec.config"
+        } else {
+            "from the claim's spec.devices.config"
+        };
+        let at = format!("status.allocation.devices.config[{i}] ({from}) opaque.parameters");
+        let params = c.opaque.as_ref().map(|o| &o.parameters.0);
+        let Some(serde_json::Value::Object(map)) = params else {
+            bail!(
+                "{at}: fgpu's parameters are a JSON object ({{\"{PARK_AFTER}\": \"30s\"}}), \
+                 not {}",
+                params.map(|p| p.to_string()).unwrap_or_default()
+            );
+        };
+        if let Some(key) = map.keys().find(|k| k.as_str() != PARK_AFTER) {
+            bail!("{at}: unknown key {key:?} ({driver} knows only {PARK_AFTER:?})");
+        }
+        let Some(v) = map.get(PARK_AFTER) else {
+            continue;
+        };
+        let serde_json::Value::String(text) = v else {
+            bail!("{at}.{PARK_AFTER}: {v} is not a duration string such as \"30s\"");
+        };
+        let ms = fgpu_common::quantity::parse_duration_ms(text)
+            .map_err(|e| anyhow::anyhow!("{at}.{PARK_AFTER}: {text:?}: {e}"))?;
+        if ms == 0 {
+            bail!(
+                "{at}.{PARK_AFTER}: {text:?}: 0 would park the pod the moment it pauses; give \
+                 how long it must leave the GPU alone first, e.g. \"30s\""
+            );
+        }
+        found = Some(ms);
+    }
+    Ok(found)
 }
 
 #[cfg(test)]
@@ -174,6 +290,275 @@ pub mod tests {
 
     fn parse(json: &str) -> ResourceClaim {
         serde_json::from_str(json).unwrap()
+    }
+
+    /// [`claim_json`] with `config` (JSON of `DeviceAllocationConfiguration`s, as the
+    /// scheduler writes them) in `status.allocation.devices.config`, and the claim's own
+    /// entries (those `FromClaim`, without `source`) in `spec.devices.config`.
+    pub fn claim_with_config(name: &str, config: &[serde_json::Value]) -> ResourceClaim {
+        let mut v: serde_json::Value = serde_json::from_str(&claim_json(
+            "u",
+            name,
+            "8Gi",
+            "30",
+            &["0c3d6f1e-2b4a-4c8e-9f00-123456789abc"],
+        ))
+        .unwrap();
+        let spec: Vec<serde_json::Value> = config
+            .iter()
+            .filter(|c| c["source"] == "FromClaim")
+            .map(|c| {
+                let mut c = c.clone();
+                c.as_object_mut().unwrap().remove("source");
+                c
+            })
+            .collect();
+        v["spec"]["devices"]["config"] = spec.into();
+        v["status"]["allocation"]["devices"]["config"] = config.to_vec().into();
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// One `DeviceAllocationConfiguration`: `source`, `requests` (none: all), the opaque
+    /// driver and parameters.
+    fn config(
+        source: &str,
+        requests: &[&str],
+        driver: &str,
+        parameters: serde_json::Value,
+    ) -> serde_json::Value {
+        let mut c = serde_json::json!({
+            "source": source,
+            "opaque": {"driver": driver, "parameters": parameters},
+        });
+        if !requests.is_empty() {
+            c["requests"] = requests.into();
+        }
+        c
+    }
+
+    fn park(claim: &ResourceClaim) -> Result<Option<u64>> {
+        Ok(plan(claim, "fgpu.io", "u")?.unwrap().park_after_ms)
+    }
+
+    #[test]
+    fn park_after_from_the_claim() {
+        use serde_json::json;
+        let c = claim_with_config(
+            "c",
+            &[config(
+                "FromClaim",
+                &[],
+                "fgpu.io",
+                json!({"parkAfter": "30s"}),
+            )],
+        );
+        assert_eq!(park(&c).unwrap(), Some(30_000));
+        // Naming the request, or its main request for a subrequest's result.
+        let c = claim_with_config(
+            "c",
+            &[config(
+                "FromClaim",
+                &["gpu"],
+                "fgpu.io",
+                json!({"parkAfter": "2m"}),
+            )],
+        );
+        assert_eq!(park(&c).unwrap(), Some(120_000));
+        let mut sub = claim_with_config(
+            "c",
+            &[config(
+                "FromClaim",
+                &["gpu"],
+                "fgpu.io",
+                json!({"parkAfter": "500ms"}),
+            )],
+        );
+        let results = &mut sub.status.as_mut().unwrap().allocation.as_mut().unwrap();
+        results.devices.as_mut().unwrap().results.as_mut().unwrap()[0].request = "gpu/small".into();
+        assert_eq!(park(&sub).unwrap(), Some(500));
+        // None given: not parkable by the claim.
+        assert_eq!(park(&claim_with_config("c", &[])).unwrap(), None);
+        let empty = claim_with_config("c", &[config("FromClaim", &[], "fgpu.io", json!({}))]);
+        assert_eq!(park(&empty).unwrap(), None);
+    }
+
+    #[test]
+    fn park_after_from_the_class() {
+        use serde_json::json;
+        let c = claim_with_config(
+            "c",
+            &[config(
+                "FromClass",
+                &[],
+                "fgpu.io",
+                json!({"parkAfter": "1h"}),
+            )],
+        );
+        assert!(
+            c.spec.devices.as_ref().unwrap().config.as_deref() == Some(&[]),
+            "a class's configuration is in the allocation only"
+        );
+        assert_eq!(park(&c).unwrap(), Some(3_600_000));
+    }
+
+    #[test]
+    fn the_claims_park_after_overrides_the_classs() {
+        use serde_json::json;
+        let class = config("FromClass", &[], "fgpu.io", json!({"parkAfter": "10m"}));
+        let claim = config("FromClaim", &[], "fgpu.io", json!({"parkAfter": "45s"}));
+        // In either order in the list: the claim's is more specific.
+        for list in [
+            [class.clone(), claim.clone()],
+            [claim.clone(), class.clone()],
+        ] {
+            assert_eq!(park(&claim_with_config("c", &list)).unwrap(), Some(45_000));
+        }
+        // A claim entry without parkAfter keeps the class's.
+        let other = config("FromClaim", &[], "fgpu.io", json!({}));
+        assert_eq!(
+            park(&claim_with_config("c", &[class, other])).unwrap(),
+            Some(600_000)
+        );
+        // Within one source the later entry wins.
+        let first = config("FromClaim", &[], "fgpu.io", json!({"parkAfter": "1s"}));
+        let second = config("FromClaim", &[], "fgpu.io", json!({"parkAfter": "2s"}));
+        assert_eq!(
+            park(&claim_with_config("c", &[first, second])).unwrap(),
+            Some(2_000)
+        );
+    }
+
+    #[test]
+    fn another_drivers_config_is_ignored() {
+        use serde_json::json;
+        // Parameters fgpu would refuse, under another driver's name: not read at all.
+        let c = claim_with_config(
+            "c",
+            &[
+                config(
+                    "FromClaim",
+                    &[],
+                    "gpu.nvidia.com",
+                    json!({"parkAfter": "0", "x": 1}),
+                ),
+                config("FromClass", &[], "fgpu.io.example", json!("not an object")),
+            ],
+        );
+        assert_eq!(park(&c).unwrap(), None);
+        // An entry that is not opaque names no driver.
+        let c = claim_with_config("c", &[json!({"source": "FromClaim"})]);
+        assert_eq!(park(&c).unwrap(), None);
+    }
+
+    #[test]
+    fn config_for_another_request_is_ignored() {
+        use serde_json::json;
+        let c = claim_with_config(
+            "c",
+            &[
+                config(
+                    "FromClaim",
+                    &["nic"],
+                    "fgpu.io",
+                    json!({"parkAfter": "bad"}),
+                ),
+                config(
+                    "FromClaim",
+                    &["gpux", "gpu-2"],
+                    "fgpu.io",
+                    json!({"parkAfter": "5s"}),
+                ),
+            ],
+        );
+        assert_eq!(park(&c).unwrap(), None);
+        // A subrequest of another main request does not name ours either.
+        let c = claim_with_config(
+            "c",
+            &[config(
+                "FromClaim",
+                &["other/gpu"],
+                "fgpu.io",
+                json!({"parkAfter": "5s"}),
+            )],
+        );
+        assert_eq!(park(&c).unwrap(), None);
+        // One of several names is ours: it applies.
+        let c = claim_with_config(
+            "c",
+            &[config(
+                "FromClaim",
+                &["nic", "gpu"],
+                "fgpu.io",
+                json!({"parkAfter": "5s"}),
+            )],
+        );
+        assert_eq!(park(&c).unwrap(), Some(5_000));
+    }
+
+    #[test]
+    fn bad_park_after_values_are_refused_naming_the_claim_and_the_field() {
+        use serde_json::json;
+        for (entry, needle) in [
+            (json!({"parkAfter": "soon"}), "parkAfter: \"soon\""),
+            (json!({"parkAfter": "0"}), "parkAfter: \"0\": 0 would park"),
+            (json!({"parkAfter": "0s"}), "0 would park"),
+            (json!({"parkAfter": ""}), "parkAfter: \"\""),
+            (
+                json!({"parkAfter": 30}),
+                "parkAfter: 30 is not a duration string",
+            ),
+            (
+                json!({"parkAfter": "30s", "memory": "1Gi"}),
+                "unknown key \"memory\"",
+            ),
+            (json!({"park_after": "30s"}), "unknown key \"park_after\""),
+            (json!("30s"), "a JSON object"),
+            (json!(null), "a JSON object"),
+        ] {
+            for source in ["FromClaim", "FromClass"] {
+                let c =
+                    claim_with_config("trainer", &[config(source, &[], "fgpu.io", entry.clone())]);
+                let err = format!("{:#}", plan(&c, "fgpu.io", "u").unwrap_err());
+                assert!(err.contains("ResourceClaim team-a/trainer"), "{err}");
+                assert!(err.contains("status.allocation.devices.config[0]"), "{err}");
+                assert!(err.contains(needle), "{needle}: {err}");
+                let from = if source == "FromClass" {
+                    "DeviceClass's spec.config"
+                } else {
+                    "claim's spec.devices.config"
+                };
+                assert!(err.contains(from), "{from}: {err}");
+            }
+        }
+        // Overridden, a bad class value is still refused (the class is wrong for every
+        // claim of it); so is a bad entry after a good one.
+        let c = claim_with_config(
+            "trainer",
+            &[
+                config("FromClass", &[], "fgpu.io", json!({"parkAfter": "never"})),
+                config("FromClaim", &[], "fgpu.io", json!({"parkAfter": "30s"})),
+            ],
+        );
+        let err = format!("{:#}", plan(&c, "fgpu.io", "u").unwrap_err());
+        assert!(
+            err.contains("config[0]") && err.contains("\"never\""),
+            "{err}"
+        );
+        // An unknown source on an entry of ours.
+        let c = claim_with_config(
+            "trainer",
+            &[config(
+                "FromNowhere",
+                &[],
+                "fgpu.io",
+                json!({"parkAfter": "30s"}),
+            )],
+        );
+        let err = format!("{:#}", plan(&c, "fgpu.io", "u").unwrap_err());
+        assert!(
+            err.contains("team-a/trainer") && err.contains("FromNowhere"),
+            "{err}"
+        );
     }
 
     #[test]

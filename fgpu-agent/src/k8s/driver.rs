@@ -130,7 +130,8 @@ impl Driver {
         tracing::info!(
             claim = %format!("{namespace}/{name}"), uid, device = %prepared.plan.device,
             memory = ?prepared.plan.memory_bytes, compute = ?prepared.plan.compute_pct,
-            pods = ?prepared.plan.pods, "claim prepared"
+            park_after_ms = ?prepared.plan.park_after_ms, pods = ?prepared.plan.pods,
+            "claim prepared"
         );
         Ok(Some(prepared))
     }
@@ -319,7 +320,7 @@ impl Driver {
                         .await
                         .with_context(|| format!("setting pod {pod}'s limit on {cg}"))?;
                 }
-                tracing::info!(pod, cgroup = %cg, memory = ?limit.memory_bytes, compute = ?limit.compute_pct, memory_gpus = ?limit.memory_gpus, compute_gpus = ?limit.compute_gpus, "pod limited");
+                tracing::info!(pod, cgroup = %cg, memory = ?limit.memory_bytes, compute = ?limit.compute_pct, park_after_ms = ?limit.park_after_ms, memory_gpus = ?limit.memory_gpus, compute_gpus = ?limit.compute_gpus, "pod limited");
                 st.applied.insert(pod.to_string(), (cg, limit));
             }
             (Some(_), None) => {
@@ -434,12 +435,20 @@ fn pod_limit(gpus: &BTreeMap<String, spec::Gpu>, plans: &[&Plan]) -> Option<Limi
         // 0: no share of its own; 100 or more: the whole GPU, nothing to hold.
         .filter(|c| *c > 0 && *c < 100)
         .map(|c| c as u8);
+    // Parking moves the pod's memory on every GPU, so a pod is parkable when one of its
+    // claims asks for it, after the longest `parkAfter` its claims give (none parks it
+    // sooner than it asked). A claim without one leaves the pod's cgroup inheriting. The
+    // agent keeps a field a request leaves unset, so a value once set stays on the pod's
+    // cgroup (which goes with the pod) even if its parkable claim were unprepared before
+    // the others; a kubelet unprepares a claim only once its last pod is gone.
+    let park_after_ms = plans.iter().filter_map(|p| p.park_after_ms).max();
     Some(Limit {
         memory_bytes: memory,
         memory_gpus,
         compute_pct: compute,
         compute_gpus,
         compute_cap_pct: None,
+        park_after_ms,
         ..Limit::default()
     })
 }
@@ -487,6 +496,7 @@ mod tests {
             compute_pct: compute,
             pods: vec!["pod-1".into()],
             pod_names: BTreeMap::new(),
+            park_after_ms: None,
         }
     }
 
@@ -552,7 +562,22 @@ mod tests {
         assert_eq!(l.compute_gpus.get("GPU-0"), Some(&30));
         assert_eq!(l.compute_gpus.get("GPU-1"), Some(&30));
         assert_eq!(l.compute_pct, Some(60));
+        assert_eq!(l.park_after_ms, None, "no claim asked for parking");
         assert_eq!(pod_limit(&gpus(), &[]), None);
+    }
+
+    #[test]
+    fn a_pod_is_parkable_after_the_longest_park_after_of_its_claims() {
+        let mut a = plan("a", "gpu-0", Some(8 * GIB), Some(30));
+        a.park_after_ms = Some(30_000);
+        let l = pod_limit(&gpus(), &[&a]).unwrap();
+        assert_eq!(l.park_after_ms, Some(30_000));
+        assert_eq!(l.memory_bytes, Some(8 * GIB), "the rest as before");
+        let mut b = plan("b", "gpu-1", Some(4 * GIB), Some(20));
+        b.park_after_ms = Some(120_000);
+        let c = plan("c", "gpu-1", Some(2 * GIB), None);
+        let l = pod_limit(&gpus(), &[&a, &b, &c]).unwrap();
+        assert_eq!(l.park_after_ms, Some(120_000));
     }
 
     #[test]
