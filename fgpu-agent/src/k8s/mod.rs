@@ -7,6 +7,7 @@ mod checkpoint;
 mod claim;
 pub(crate) mod deviceplugin;
 mod driver;
+mod opaque;
 mod podcgroup;
 mod quantity;
 mod server;

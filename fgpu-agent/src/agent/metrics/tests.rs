@@ -452,7 +452,11 @@ fn both_formats_carry_the_same_series_and_families() {
     let mut quiet = s.clone();
     quiet.park = crate::agent::park::Figures::default();
     let (qo, qc) = (encode(&quiet), classic(&quiet));
-    assert_eq!(samples(&qo), samples(&qc), "\nOpenMetrics:\n{qo}\nclassic:\n{qc}");
+    assert_eq!(
+        samples(&qo),
+        samples(&qc),
+        "\nOpenMetrics:\n{qo}\nclassic:\n{qc}"
+    );
     // Every OpenMetrics family with series is a classic family, named as its samples are.
     let classic_types = types(&cl);
     for (name, ty) in types(&om) {
