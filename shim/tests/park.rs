@@ -212,3 +212,96 @@ fn privileged_a_busy_tenant_is_not_parked() {
     let a = a.finish();
     assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
 }
+
+/// A container of two processes is parked whole, and each gets its own data back.
+#[test]
+fn privileged_a_two_process_container_is_parked_whole() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parktwo");
+    let _agent = w.agent();
+    let a_cg = Cgroup::new("parktwo-a");
+    let b_cg = Cgroup::new("parktwo-b");
+    w.set_limits(&a_cg, &["--memory", "1800MiB", "--park-after", "1s"]);
+    w.set_limit(&b_cg, "1500MiB");
+    let steps = |seed: &'static str| {
+        vec![
+            "alloc", "256MiB", "fill", "0", seed, "launch", "1", "empty", "hold", "check", "0",
+            seed,
+        ]
+    };
+    let mut a1 = w.load(&a_cg, &SIM, &steps("5"));
+    a1.expect("ready");
+    let mut a2 = w.load(&a_cg, &SIM, &steps("6"));
+    a2.expect("ready");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // 2 GiB - 2 × (300 + 256) MiB (a) - 300 MiB (b's context) = 636 MiB free: the second
+    // 512 MiB fits only once both of a's processes are parked.
+    let mut b = w.load(
+        &b_cg,
+        &SIM,
+        &["alloc", "512MiB", "alloc", "512MiB", "hold"],
+    );
+    b.expect("ready");
+    assert_eq!(
+        allocs(&b.lines),
+        vec![Ok(512 << 20), Ok(512 << 20)],
+        "{:?}",
+        b.lines
+    );
+    let r = row(&w, &a_cg);
+    assert_eq!(r["parked_bytes"], 512u64 << 20, "both processes parked: {r}");
+    assert_eq!(r["parks"], 2, "{r}");
+    drop(b);
+    for (mut a, n) in [(a1, "first"), (a2, "second")] {
+        a.release();
+        let a = a.finish();
+        assert_eq!(a.line("check 0"), "check 0 ok", "{n}: {a}");
+    }
+}
+
+/// The agent is killed while a container is parked and the GPU has no room for it: its next
+/// copy waits (it never takes memory another container holds), and once the other container
+/// ends, the memory comes back, byte for byte, with no agent to ask.
+#[test]
+fn privileged_a_parked_tenant_comes_back_without_the_agent_once_there_is_room() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkdead");
+    let agent = w.agent();
+    let a_cg = Cgroup::new("parkdead-a");
+    let b_cg = Cgroup::new("parkdead-b");
+    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+    w.set_limit(&b_cg, "1500MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &[
+            "alloc", "512MiB", "fill", "0", "8", "launch", "1", "empty", "hold", "check", "0",
+            "8",
+        ],
+    );
+    a.expect("ready");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut b = w.load(
+        &b_cg,
+        &SIM,
+        &["alloc", "512MiB", "alloc", "512MiB", "hold"],
+    );
+    b.expect("ready");
+    assert_eq!(allocs(&b.lines)[1], Ok(512 << 20), "{:?}", b.lines);
+    assert_eq!(row(&w, &a_cg)["parked_bytes"], 512u64 << 20);
+    agent.crash();
+    // a's copy waits: 2 GiB - 300 (a) - 300 - 1024 (b) = 424 MiB free, 512 needed.
+    a.release();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // b ends: room.
+    b.release();
+    let b = b.finish();
+    assert_eq!(b.code, Some(0), "{b}");
+    let a = a.finish();
+    assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
+    assert!(a.stderr.contains("unparked 512MiB"), "{a}");
+}
