@@ -238,11 +238,7 @@ fn privileged_a_two_process_container_is_parked_whole() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     // 2 GiB - 2 × (300 + 256) MiB (a) - 300 MiB (b's context) = 636 MiB free: the second
     // 512 MiB fits only once both of a's processes are parked.
-    let mut b = w.load(
-        &b_cg,
-        &SIM,
-        &["alloc", "512MiB", "alloc", "512MiB", "hold"],
-    );
+    let mut b = w.load(&b_cg, &SIM, &["alloc", "512MiB", "alloc", "512MiB", "hold"]);
     b.expect("ready");
     assert_eq!(
         allocs(&b.lines),
@@ -251,7 +247,11 @@ fn privileged_a_two_process_container_is_parked_whole() {
         b.lines
     );
     let r = row(&w, &a_cg);
-    assert_eq!(r["parked_bytes"], 512u64 << 20, "both processes parked: {r}");
+    assert_eq!(
+        r["parked_bytes"],
+        512u64 << 20,
+        "both processes parked: {r}"
+    );
     assert_eq!(r["parks"], 2, "{r}");
     drop(b);
     for (mut a, n) in [(a1, "first"), (a2, "second")] {
@@ -279,17 +279,12 @@ fn privileged_a_parked_tenant_comes_back_without_the_agent_once_there_is_room() 
         &a_cg,
         &SIM,
         &[
-            "alloc", "512MiB", "fill", "0", "8", "launch", "1", "empty", "hold", "check", "0",
-            "8",
+            "alloc", "512MiB", "fill", "0", "8", "launch", "1", "empty", "hold", "check", "0", "8",
         ],
     );
     a.expect("ready");
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    let mut b = w.load(
-        &b_cg,
-        &SIM,
-        &["alloc", "512MiB", "alloc", "512MiB", "hold"],
-    );
+    let mut b = w.load(&b_cg, &SIM, &["alloc", "512MiB", "alloc", "512MiB", "hold"]);
     b.expect("ready");
     assert_eq!(allocs(&b.lines)[1], Ok(512 << 20), "{:?}", b.lines);
     assert_eq!(row(&w, &a_cg)["parked_bytes"], 512u64 << 20);
@@ -304,4 +299,59 @@ fn privileged_a_parked_tenant_comes_back_without_the_agent_once_there_is_room() 
     let a = a.finish();
     assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
     assert!(a.stderr.contains("unparked 512MiB"), "{a}");
+}
+
+/// The agent restarts while a container is parked: the new agent's status shows it parked
+/// (its processes' slots say so), and it comes back byte for byte.
+#[test]
+fn privileged_a_restarted_agent_still_sees_a_parked_container() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkrestart");
+    let agent = w.agent();
+    let a_cg = Cgroup::new("parkrestart-a");
+    let b_cg = Cgroup::new("parkrestart-b");
+    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+    w.set_limit(&b_cg, "1500MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &[
+            "alloc", "512MiB", "fill", "0", "4", "launch", "1", "empty", "hold", "check", "0", "4",
+        ],
+    );
+    a.expect("ready");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut b = w.load(&b_cg, &SIM, &["alloc", "512MiB", "alloc", "512MiB", "hold"]);
+    b.expect("ready");
+    assert_eq!(allocs(&b.lines)[1], Ok(512 << 20), "{:?}", b.lines);
+    agent.crash();
+    let _again = w.agent();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let seen = loop {
+        let (ok, out) = w.fgpu(&["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        let r = v.as_array().and_then(|a| {
+            a.iter()
+                .find(|c| c["cgroup"] == a_cg.path.as_str())
+                .cloned()
+        });
+        if ok
+            && r.as_ref()
+                .is_some_and(|r| r["parked_bytes"] == 512u64 << 20)
+        {
+            break r.unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted agent does not show a's parked memory: {out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(seen["park_after_ms"], 1000, "{seen}");
+    drop(b);
+    a.release();
+    let a = a.finish();
+    assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
 }

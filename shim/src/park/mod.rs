@@ -254,9 +254,15 @@ pub fn is_backed(ptr: CUdeviceptr) -> bool {
             .any(|r| ptr >= r.va && ptr - r.va < r.size)
 }
 
-/// The watcher thread's look (crate::gate): answers a new park request of the agent, frees
-/// host copies an unpark left behind.
+/// The watcher thread's look (crate::gate): the agent link's check (reconnects after an agent
+/// restart), a new park request of the agent answered, host copies an unpark left behind
+/// freed.
 pub fn poll() {
+    if PARKABLE.load(Relaxed) {
+        // An idle parkable process makes no call that would notice an agent restart: look
+        // here, so that a new agent knows it (it can be parked, its parked memory is shown).
+        ledger::tick();
+    }
     let Some((l, slot)) = ledger::get() else {
         return;
     };
@@ -281,14 +287,39 @@ pub fn poll() {
         }
         refresh(l);
     }
-    let cmd = l.park().command.load(SeqCst);
     let sp = l.slot_park(slot);
+    if PHASE.load(SeqCst) == PARKED && sp.phase.load(SeqCst) != PARKED {
+        republish(l, slot);
+    }
+    let cmd = l.park().command.load(SeqCst);
     if cmd == 0 || cmd <= sp.done.load(SeqCst) {
         return;
     }
     let r = park(l, slot);
     sp.result.store(r, SeqCst);
     sp.done.store(cmd, SeqCst);
+}
+
+/// Writes this process's parked state into its slot again: after an agent restart the
+/// process moved to a new ledger (a new slot), whose page must say that its memory is in host
+/// memory (status, the broker, the host budget).
+fn republish(l: &Ledger, slot: usize) {
+    let Ok(_g) = LOCK.try_lock() else {
+        return; // a park or unpark is under way; the next look will do
+    };
+    if PHASE.load(SeqCst) != PARKED {
+        return;
+    }
+    let sp = l.slot_park(slot);
+    let recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut per = [0u64; fgpu_common::ledger::MAX_DEVICES];
+    for r in recs.iter().filter(|r| !r.host.is_null()) {
+        per[r.idx] += r.size;
+    }
+    for (b, v) in sp.parked.iter().zip(per) {
+        b.store(v, SeqCst);
+    }
+    sp.phase.store(PARKED, SeqCst);
 }
 
 /// Bytes of this process that no parkable record explains, per ledger device: memory that
