@@ -355,3 +355,33 @@ fn privileged_a_restarted_agent_still_sees_a_parked_container() {
     let a = a.finish();
     assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
 }
+
+/// With no parkable container on the node, a full GPU fails an allocation at once, as
+/// without parking: the shim does not ask the agent for room (nobody could be parked).
+#[test]
+fn privileged_without_a_parkable_container_nobody_asks_for_room() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parknone");
+    let agent = w.agent();
+    let a_cg = Cgroup::new("parknone-a");
+    let b_cg = Cgroup::new("parknone-b");
+    w.set_limit(&a_cg, "1500MiB");
+    w.set_limit(&b_cg, "1500MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &["alloc", "512MiB", "launch", "1", "empty", "hold"],
+    );
+    a.expect("ready");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut b = w.load(&b_cg, &SIM, &["alloc", "512MiB", "alloc", "512MiB", "hold"]);
+    b.expect("ready");
+    assert_eq!(allocs(&b.lines)[1], Err(2), "{:?}", b.lines);
+    let log = agent.log_text();
+    assert!(
+        !log.contains("asked for room"),
+        "nobody is parkable, yet the shim asked:\n{log}"
+    );
+}

@@ -303,6 +303,17 @@ impl Ledgers {
         };
         let ledger = Arc::new(CgroupLedger::new(cgroup, cgroup_id, usage)?);
         ledger.apply(limit);
+        // How many others are parkable, from its first moment (the parking broker keeps it
+        // current from then on): a shim asks for room only when someone could be parked.
+        let peers = map
+            .values()
+            .filter(|l| l.ledger().park_after_ms().is_some())
+            .count() as u64;
+        ledger
+            .ledger()
+            .park()
+            .parkable_peers
+            .store(peers, std::sync::atomic::Ordering::SeqCst);
         tracing::info!(cgroup, "ledger {source}");
         map.insert(cgroup.to_string(), Arc::clone(&ledger));
         Ok(ledger)

@@ -219,6 +219,22 @@ fn parked_now(all: &[Arc<CgroupLedger>]) -> u64 {
         .sum()
 }
 
+/// Tells every ledger how many other containers are parkable, so that a shim whose
+/// allocation finds the GPU full asks for room only when someone could be parked.
+fn publish_peers(all: &[Arc<CgroupLedger>]) {
+    let parkable = all
+        .iter()
+        .filter(|c| c.ledger().park_after_ms().is_some())
+        .count() as u64;
+    for c in all {
+        let own = u64::from(c.ledger().park_after_ms().is_some());
+        let peers = &c.ledger().park().parkable_peers;
+        if peers.load(SeqCst) != parkable - own {
+            peers.store(parkable - own, SeqCst);
+        }
+    }
+}
+
 fn answer(asker: &CgroupLedger, tag: u64, verdict: u32) {
     let p = asker.ledger().park();
     p.room_verdict.store(verdict, SeqCst);
@@ -229,6 +245,7 @@ impl Broker<'_> {
     fn look(&mut self, ledgers: &Ledgers, now_ms: u64) {
         let all = ledgers.all();
         observe(&all, &mut self.seen, self.figures);
+        publish_peers(&all);
         if let Some(p) = self.pending.take() {
             self.pending = self.follow(p, now_ms);
         }

@@ -105,7 +105,10 @@ pub struct ParkControl {
     /// [`ROOM_COMING`], [`ROOM_NONE`] or [`ROOM_DONE`].
     pub room_verdict: AtomicU32,
     _pad: u32,
-    _reserved: [AtomicU64; 4],
+    /// How many *other* containers on the node are parkable (the broker keeps it current):
+    /// 0 means no request for room can be answered with room, and a shim does not ask.
+    pub parkable_peers: AtomicU64,
+    _reserved: [AtomicU64; 3],
 }
 
 /// One process's parking state (written by its owner).

@@ -60,6 +60,8 @@ static TO_FREE: Mutex<Vec<(HostRegion, usize, u64)>> = Mutex::new(Vec::new());
 const FREE_WHEN_IDLE_MS: u64 = 200;
 /// ...or this long after its unpark, whatever the process does.
 const FREE_AT_LATEST_MS: u64 = 10_000;
+/// Regions in [`TO_FREE`] (read without the lock).
+static PENDING_FREES: AtomicUsize = AtomicUsize::new(0);
 
 /// Frees a host region in its context.
 fn free_region_in(ctx: crate::real::Handle, r: HostRegion) {
@@ -97,7 +99,9 @@ pub fn parkable() -> bool {
 /// Reads whether the container is parkable (the ledger's limits changed, or were read for
 /// the first time).
 pub fn refresh(l: &Ledger) {
-    let on = l.park_after_ms().is_some() || PHASE.load(SeqCst) != RESIDENT;
+    let on = l.park_after_ms().is_some()
+        || PHASE.load(SeqCst) != RESIDENT
+        || PENDING_FREES.load(Relaxed) > 0;
     if on && !PARKABLE.swap(true, SeqCst) {
         info!("this container is parkable: new device memory is backed for parking");
         close_fast_paths();
@@ -258,35 +262,20 @@ pub fn is_backed(ptr: CUdeviceptr) -> bool {
 /// restart), a new park request of the agent answered, host copies an unpark left behind
 /// freed.
 pub fn poll() {
-    if PARKABLE.load(Relaxed) {
-        // An idle parkable process makes no call that would notice an agent restart: look
-        // here, so that a new agent knows it (it can be parked, its parked memory is shown).
-        ledger::tick();
-    }
     let Some((l, slot)) = ledger::get() else {
         return;
     };
-    let now = crate::sys::now_ms();
-    let idle = now.saturating_sub(l.slot_park(slot).last_active_ms.load(Relaxed));
-    let due: Vec<(HostRegion, usize, u64)> = {
-        let mut q = TO_FREE.lock().unwrap_or_else(|e| e.into_inner());
-        let all = std::mem::take(&mut *q);
-        let (due, keep) = all.into_iter().partition(|&(_, _, at)| {
-            (idle >= FREE_WHEN_IDLE_MS && INFLIGHT.load(SeqCst) == 0)
-                || now.saturating_sub(at) >= FREE_AT_LATEST_MS
-        });
-        *q = keep;
-        due
-    };
-    for (r, ctx, _) in due {
-        free_region_in(ctx as crate::real::Handle, r);
-    }
     if !PARKABLE.load(Relaxed) {
-        if l.park_after_ms().is_none() {
+        // The common case, every wake-up of the watcher: one load of the ledger's page.
+        if l.park_after_ms().is_none() && PENDING_FREES.load(Relaxed) == 0 {
             return;
         }
         refresh(l);
     }
+    // An idle parkable process makes no call that would notice an agent restart: look here,
+    // so that a new agent knows it (it can be parked, its parked memory is shown).
+    ledger::tick();
+    free_due(l, slot);
     let sp = l.slot_park(slot);
     if PHASE.load(SeqCst) == PARKED && sp.phase.load(SeqCst) != PARKED {
         republish(l, slot);
@@ -298,6 +287,29 @@ pub fn poll() {
     let r = park(l, slot);
     sp.result.store(r, SeqCst);
     sp.done.store(cmd, SeqCst);
+}
+
+/// Frees the host regions that are due ([`FREE_WHEN_IDLE_MS`], [`FREE_AT_LATEST_MS`]).
+fn free_due(l: &Ledger, slot: usize) {
+    if PENDING_FREES.load(Relaxed) == 0 {
+        return;
+    }
+    let now = crate::sys::now_ms();
+    let idle = now.saturating_sub(l.slot_park(slot).last_active_ms.load(Relaxed));
+    let due: Vec<(HostRegion, usize, u64)> = {
+        let mut q = TO_FREE.lock().unwrap_or_else(|e| e.into_inner());
+        let all = std::mem::take(&mut *q);
+        let (due, keep): (Vec<_>, Vec<_>) = all.into_iter().partition(|&(_, _, at)| {
+            (idle >= FREE_WHEN_IDLE_MS && INFLIGHT.load(SeqCst) == 0)
+                || now.saturating_sub(at) >= FREE_AT_LATEST_MS
+        });
+        PENDING_FREES.store(keep.len(), Relaxed);
+        *q = keep;
+        due
+    };
+    for (r, ctx, _) in due {
+        free_region_in(ctx as crate::real::Handle, r);
+    }
 }
 
 /// Writes this process's parked state into its slot again: after an agent restart the
@@ -564,10 +576,9 @@ fn unpark() {
     }
     drop(recs);
     if let Some((region, ctx)) = REGION.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        TO_FREE
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((region, ctx, crate::sys::now_ms()));
+        let mut q = TO_FREE.lock().unwrap_or_else(|e| e.into_inner());
+        q.push((region, ctx, crate::sys::now_ms()));
+        PENDING_FREES.store(q.len(), Relaxed);
     }
     PHASE.store(RESIDENT, SeqCst);
     sp.phase.store(RESIDENT, SeqCst);

@@ -24,6 +24,13 @@ pub fn ask(idx: usize, bytes: u64) -> bool {
     let Some((l, slot)) = ledger::get() else {
         return false;
     };
+    if l.park()
+        .parkable_peers
+        .load(std::sync::atomic::Ordering::Relaxed)
+        == 0
+    {
+        return false; // nobody could be parked: fail at once, as without parking
+    }
     let sp = l.slot_park(slot);
     let tag = sp.ask_room(slot, idx, bytes);
     let start = crate::sys::now_ms();
