@@ -43,7 +43,7 @@ fn privileged_an_idle_parkable_tenant_is_parked_for_another_and_comes_back_byte_
         return;
     }
     let w = AgentWorld::new("park");
-    let _agent = w.agent();
+    let _agent = w.agent_seeing("2GiB");
     let a_cg = Cgroup::new("park-a");
     let b_cg = Cgroup::new("park-b");
     w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
@@ -112,7 +112,7 @@ fn privileged_pinned_tenants_are_not_parked_and_status_says_why() {
         return;
     }
     let w = AgentWorld::new("parkpin");
-    let _agent = w.agent();
+    let _agent = w.agent_seeing("2GiB");
     for (api, reason) in [
         ("pitch", "pitched allocations"),
         ("managed", "managed memory"),
@@ -178,7 +178,7 @@ fn privileged_a_busy_tenant_is_not_parked() {
         return;
     }
     let w = AgentWorld::new("parkbusy");
-    let _agent = w.agent();
+    let _agent = w.agent_seeing("2GiB");
     let a_cg = Cgroup::new("parkbusy-a");
     let b_cg = Cgroup::new("parkbusy-b");
     w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
@@ -220,7 +220,7 @@ fn privileged_a_two_process_container_is_parked_whole() {
         return;
     }
     let w = AgentWorld::new("parktwo");
-    let _agent = w.agent();
+    let _agent = w.agent_seeing("2GiB");
     let a_cg = Cgroup::new("parktwo-a");
     let b_cg = Cgroup::new("parktwo-b");
     w.set_limits(&a_cg, &["--memory", "1800MiB", "--park-after", "1s"]);
@@ -270,7 +270,7 @@ fn privileged_a_parked_tenant_comes_back_without_the_agent_once_there_is_room() 
         return;
     }
     let w = AgentWorld::new("parkdead");
-    let agent = w.agent();
+    let agent = w.agent_seeing("2GiB");
     let a_cg = Cgroup::new("parkdead-a");
     let b_cg = Cgroup::new("parkdead-b");
     w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
@@ -309,7 +309,7 @@ fn privileged_a_restarted_agent_still_sees_a_parked_container() {
         return;
     }
     let w = AgentWorld::new("parkrestart");
-    let agent = w.agent();
+    let agent = w.agent_seeing("2GiB");
     let a_cg = Cgroup::new("parkrestart-a");
     let b_cg = Cgroup::new("parkrestart-b");
     w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
@@ -327,7 +327,7 @@ fn privileged_a_restarted_agent_still_sees_a_parked_container() {
     b.expect("ready");
     assert_eq!(allocs(&b.lines)[1], Ok(512 << 20), "{:?}", b.lines);
     agent.crash();
-    let _again = w.agent();
+    let _again = w.agent_seeing("2GiB");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     let seen = loop {
         let (ok, out) = w.fgpu(&["status", "--json"]);
@@ -364,7 +364,7 @@ fn privileged_without_a_parkable_container_nobody_asks_for_room() {
         return;
     }
     let w = AgentWorld::new("parknone");
-    let agent = w.agent();
+    let agent = w.agent_seeing("2GiB");
     let a_cg = Cgroup::new("parknone-a");
     let b_cg = Cgroup::new("parknone-b");
     w.set_limit(&a_cg, "1500MiB");
@@ -384,4 +384,43 @@ fn privileged_without_a_parkable_container_nobody_asks_for_room() {
         !log.contains("asked for room"),
         "nobody is parkable, yet the shim asked:\n{log}"
     );
+}
+
+/// A hostile container asks for room it does not need, in every slot it can write, for 3 s:
+/// the GPU has the room, so nobody is parked for it; the idle parkable neighbour stays
+/// resident and keeps its data.
+#[test]
+fn privileged_a_container_asking_for_room_it_does_not_need_parks_nobody() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkforge");
+    let agent = w.agent_seeing("2GiB");
+    let a_cg = Cgroup::new("parkforge-a");
+    let h_cg = Cgroup::new("parkforge-h");
+    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+    w.set_limit(&h_cg, "1500MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &[
+            "alloc", "256MiB", "fill", "0", "2", "launch", "1", "empty", "hold", "check", "0", "2",
+        ],
+    );
+    a.expect("ready");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let h = w.client(&h_cg, &SIM, "forge-room", &["3000", "512"]);
+    let h = h.finish();
+    assert!(h.line("forge-room done").contains("writes="), "{h}");
+    let r = row(&w, &a_cg);
+    assert_eq!(r["parks"], 0, "parked for a forged request: {r}");
+    assert_eq!(r["parked_bytes"], 0, "{r}");
+    let log = agent.log_text();
+    assert!(
+        log.contains("asked for room the GPU has: nothing parked"),
+        "the forged requests were not seen:\n{log}"
+    );
+    a.release();
+    let a = a.finish();
+    assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
 }

@@ -60,8 +60,24 @@ impl SimAgent {
         Self::start_doors(paths, &containers_socket_for(paths.socket), extra)
     }
 
+    /// [`SimAgent::start`] with environment variables of its own (e.g. the simulated
+    /// device's `FGPU_SIM_STATE` and `FGPU_SIM_MEMORY`, so that its NVML sees the tenants'
+    /// device).
+    pub fn start_env(paths: &AgentPaths<'_>, extra: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::spawn(paths, &containers_socket_for(paths.socket), extra, env)
+    }
+
     /// [`SimAgent::start`] with the containers' socket at `containers_socket`.
     pub fn start_doors(paths: &AgentPaths<'_>, containers_socket: &Path, extra: &[&str]) -> Self {
+        Self::spawn(paths, containers_socket, extra, &[])
+    }
+
+    fn spawn(
+        paths: &AgentPaths<'_>,
+        containers_socket: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let log = std::env::var("FGPU_TEST_AGENT_LOG").unwrap_or_else(|_| "info".into());
         let child = Command::new(paths.fgpu)
             .args(["agent", "--sim", "--log", &log, "--admin-socket"])
@@ -74,6 +90,7 @@ impl SimAgent {
             .arg(paths.bpf_dir)
             .args(extra)
             .env("FGPU_SIM_DIR", paths.sim_dir)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(paths.log).expect("creating the agent's log"))

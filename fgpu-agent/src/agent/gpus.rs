@@ -123,6 +123,16 @@ impl Gpus {
         out
     }
 
+    /// NVML's free memory on the GPU whose UUID is `uuid` (None: unknown GPU, or no NVML).
+    pub fn free_memory(&self, uuid: &[u8; 16]) -> Option<u64> {
+        let nvml = self.nvml.as_ref()?;
+        let g = self
+            .devices
+            .iter()
+            .find(|g| uuid_bytes(&g.uuid).as_ref() == Some(uuid))?;
+        Some(nvml.device_by_index(g.index).ok()?.memory_info().ok()?.free)
+    }
+
     /// The largest device's memory, if any device is known.
     pub fn largest_memory(&self) -> Option<u64> {
         self.devices.iter().map(|g| g.memory_total_bytes).max()

@@ -284,7 +284,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
             .unwrap_or_else(park::default_host_budget);
         std::thread::Builder::new()
             .name("fgpu-park".into())
-            .spawn(move || park::run(state.ledgers(), state.park(), budget))
+            .spawn(move || park::run(state.ledgers(), state.park(), state.gpus(), budget))
             .context("starting the parking broker")?;
     }
 

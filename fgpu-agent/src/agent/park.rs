@@ -16,6 +16,7 @@ use fgpu_common::ledger::park::{PARK_OK, RESIDENT, ROOM_COMING, ROOM_DONE, ROOM_
 use fgpu_common::ledger::{Ledger, MAX_DEVICES, uuid_key};
 
 use super::compute::Gaps;
+use super::gpus::Gpus;
 use super::ledgers::{CgroupLedger, Ledgers};
 
 /// Upper bounds of the park and unpark duration histograms, seconds.
@@ -200,6 +201,7 @@ struct Pending {
 /// What the broker remembers between looks.
 struct Broker<'f> {
     figures: &'f ParkFigures,
+    gpus: &'f Gpus,
     seen: Seen,
     host_budget: u64,
     pending: Option<Pending>,
@@ -266,6 +268,22 @@ impl Broker<'_> {
                 }
                 let dev = sp.need_dev.load(SeqCst) as usize;
                 let uuid = l.device_uuid(dev.min(MAX_DEVICES - 1));
+                // A request is the container's word: nobody is parked for it while the GPU
+                // has the room asked for (a container cannot make its idle neighbours park
+                // by asking for room it does not need).
+                if let Some(free) = self.gpus.free_memory(&uuid)
+                    && free >= bytes
+                {
+                    tracing::info!(
+                        event = "room_none",
+                        cgroup = %asker.cgroup,
+                        bytes,
+                        free,
+                        "asked for room the GPU has: nothing parked"
+                    );
+                    answer(asker, tag, ROOM_NONE);
+                    continue;
+                }
                 self.failed
                     .retain(|_, at| now_ms.saturating_sub(*at) < FAILED_PAUSE_MS);
                 let others: Vec<&Arc<CgroupLedger>> = all
@@ -368,9 +386,10 @@ impl Broker<'_> {
 
 /// The broker's loop (its own thread): `host_budget` bytes of host memory may hold parked
 /// memory, all containers together; what parking did goes to `figures`.
-pub fn run(ledgers: &Ledgers, figures: &ParkFigures, host_budget: u64) {
+pub fn run(ledgers: &Ledgers, figures: &ParkFigures, gpus: &Gpus, host_budget: u64) {
     let mut b = Broker {
         figures,
+        gpus,
         seen: HashMap::new(),
         host_budget,
         pending: None,

@@ -85,6 +85,27 @@ impl AgentWorld {
         )
     }
 
+    /// [`AgentWorld::agent`] whose simulated NVML sees this world's device, of `memory`
+    /// (the size its tenants are given with `FGPU_SIM_MEMORY`).
+    pub fn agent_seeing(&self, memory: &str) -> Agent {
+        let log = self
+            .state_dir
+            .with_file_name(format!("agent-{}.log", unique("log")));
+        let state = self.sim_state.to_string_lossy().into_owned();
+        SimAgent::start_env(
+            &AgentPaths {
+                fgpu: &self.fgpu,
+                sim_dir: &self.sim_dir,
+                socket: &self.socket,
+                state_dir: &self.state_dir,
+                bpf_dir: &self.bpf_dir,
+                log: &log,
+            },
+            &[],
+            &[("FGPU_SIM_STATE", &state), ("FGPU_SIM_MEMORY", memory)],
+        )
+    }
+
     /// `fgpu limit set CGROUP --memory SIZE`; panics if refused.
     pub fn set_limit(&self, cg: &Cgroup, size: &str) {
         self.set_limits(cg, &["--memory", size]);

@@ -554,6 +554,53 @@ fn forged_hello(args: &[u64]) {
 /// `forge done writes=N heartbeats=[..]`. `forge-compute MS 1` (quiet) writes only the
 /// queued work — batches in flight that never complete, no stamps, no GPU time: a tenant
 /// that sits still while its page says it is busy (to bank device time and spend it later).
+/// `forge-room MS MIB`: takes the agent's ledger (an allocation through the shim), then for
+/// MS ms asks for MIB MiB of room on device record 0 in every slot it can write (its usage
+/// memfd), bumping the request's sequence each time, though it needs nothing. `forge-room
+/// done writes=N`.
+fn forge_room(args: &[u64]) {
+    use fgpu_common::ledger::park::SlotPark;
+    use fgpu_common::ledger::{PAGE, SLOTS_OFFSET, Slot};
+    use std::sync::atomic::Ordering::SeqCst;
+    let ms = args.first().copied().unwrap_or(3000);
+    let bytes = args.get(1).copied().unwrap_or(512) << 20;
+    let cuda = Cuda::open().expect("libcuda.so.1");
+    let ctx = cuda.context().expect("context");
+    cuda.set_current(ctx);
+    out(format!("forge-room alloc {:?}", cuda.alloc(64 << 20)));
+    let usage = own_memfd("fgpu-usage").expect("a usage memfd from the agent");
+    let size = fgpu_common::ledger::USAGE_SIZE;
+    // SAFETY: a new shared mapping of our own usage memfd (it is handed out read-write).
+    let u = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            usage,
+            0,
+        )
+    };
+    assert_ne!(u, libc::MAP_FAILED);
+    let start = std::time::Instant::now();
+    let mut writes = 0u64;
+    while start.elapsed() < std::time::Duration::from_millis(ms) {
+        for slot in 0..16 {
+            let at = u as usize + SLOTS_OFFSET - PAGE
+                + slot * std::mem::size_of::<Slot>()
+                + std::mem::offset_of!(Slot, park);
+            // SAFETY: a slot's parking record inside our mapping of the usage part (aligned).
+            let sp = unsafe { &*(at as *const SlotPark) };
+            sp.need_dev.store(0, SeqCst);
+            sp.need_bytes.store(bytes, SeqCst);
+            sp.need_seq.fetch_add(1, SeqCst);
+            writes += 1;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    out(format!("forge-room done writes={writes}"));
+}
+
 fn forge_compute(args: &[u64]) {
     use fgpu_common::ledger::{DeviceTurn, Limits, MAX_DEVICES, MAX_SLOTS, PAGE, SLOTS_OFFSET};
     use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
@@ -649,6 +696,7 @@ pub fn main() -> bool {
         "tamper" => tamper(),
         "forged-hello" => forged_hello(&args),
         "forge-compute" => forge_compute(&args),
+        "forge-room" => forge_room(&args),
         other => panic!("unknown client mode {other}"),
     }
     true
