@@ -424,3 +424,59 @@ fn privileged_a_container_asking_for_room_it_does_not_need_parks_nobody() {
     let a = a.finish();
     assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
 }
+
+/// A parked container's process is killed while parked: its slot is taken back, nothing of
+/// it stays counted in host memory, and its neighbour goes on.
+#[test]
+fn privileged_a_parked_tenant_killed_while_parked_leaves_nothing_behind() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkkill");
+    let _agent = w.agent_seeing("2GiB");
+    let a_cg = Cgroup::new("parkkill-a");
+    let b_cg = Cgroup::new("parkkill-b");
+    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+    w.set_limit(&b_cg, "1500MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &[
+            "alloc", "512MiB", "fill", "0", "1", "launch", "1", "empty", "hold",
+        ],
+    );
+    a.expect("ready");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut b = w.load(
+        &b_cg,
+        &SIM,
+        &[
+            "alloc", "512MiB", "alloc", "512MiB", "hold", "alloc", "128MiB",
+        ],
+    );
+    b.expect("ready");
+    assert_eq!(allocs(&b.lines)[1], Ok(512 << 20), "{:?}", b.lines);
+    assert_eq!(row(&w, &a_cg)["parked_bytes"], 512u64 << 20);
+    drop(a); // SIGKILL, parked
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, out) = w.fgpu(&["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        let parked = v.as_array().is_some_and(|a| {
+            a.iter()
+                .any(|c| c["cgroup"] == a_cg.path.as_str() && c["parked_bytes"] != 0)
+        });
+        if !parked {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a dead container still counted as parked: {out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // b goes on: its next allocation (within its limit) is made.
+    b.release();
+    let b = b.finish();
+    assert_eq!(allocs(&b.lines)[2], Ok(128 << 20), "{b}");
+}
