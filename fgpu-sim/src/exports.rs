@@ -9,7 +9,7 @@
 #![allow(non_snake_case)]
 
 use crate::cuda::{
-    array, context, copy, device, export_table, gpa, host, launch, memory, pool, stream, vmm,
+    array, batch, context, copy, device, export_table, gpa, host, launch, memory, pool, stream, vmm,
 };
 use crate::nvml;
 
@@ -60,6 +60,7 @@ trampolines! {
     cuCtxPopCurrent_v2 => context::cu_ctx_pop_current;
     cuCtxGetDevice => context::cu_ctx_get_device;
     cuCtxSynchronize => context::cu_ctx_synchronize;
+    fgpuSimFault => context::fgpu_sim_fault;
     cuGetProcAddress => gpa::cu_get_proc_address;
     cuGetProcAddress_v2 => gpa::cu_get_proc_address_v2;
     cuGetExportTable => export_table::cu_get_export_table;
@@ -90,6 +91,26 @@ trampolines! {
     cuMemsetD8_v2_ptds => copy::cu_memset_d8;
     cuMemsetD32_v2 => copy::cu_memset_d32;
     cuMemsetD32_v2_ptds => copy::cu_memset_d32;
+    cuMemcpyBatchAsync => batch::cu_memcpy_batch_async;
+    cuMemcpyBatchAsync_ptsz => batch::cu_memcpy_batch_async;
+    cuMemcpyBatchAsync_v2 => batch::cu_memcpy_batch_async_v2;
+    cuMemcpyBatchAsync_v2_ptsz => batch::cu_memcpy_batch_async_v2;
+    cuStreamWriteValue32 => batch::cu_stream_write_value32;
+    cuStreamWriteValue32_ptsz => batch::cu_stream_write_value32;
+    cuStreamWriteValue32_v2 => batch::cu_stream_write_value32;
+    cuStreamWriteValue32_v2_ptsz => batch::cu_stream_write_value32;
+    cuStreamWriteValue64 => batch::cu_stream_write_value64;
+    cuStreamWriteValue64_ptsz => batch::cu_stream_write_value64;
+    cuStreamWriteValue64_v2 => batch::cu_stream_write_value64;
+    cuStreamWriteValue64_v2_ptsz => batch::cu_stream_write_value64;
+    cuStreamWaitValue32 => batch::cu_stream_wait_value32;
+    cuStreamWaitValue32_ptsz => batch::cu_stream_wait_value32;
+    cuStreamWaitValue32_v2 => batch::cu_stream_wait_value32;
+    cuStreamWaitValue32_v2_ptsz => batch::cu_stream_wait_value32;
+    cuStreamWaitValue64 => batch::cu_stream_wait_value64;
+    cuStreamWaitValue64_ptsz => batch::cu_stream_wait_value64;
+    cuStreamWaitValue64_v2 => batch::cu_stream_wait_value64;
+    cuStreamWaitValue64_v2_ptsz => batch::cu_stream_wait_value64;
     cuMemAllocHost_v2 => host::cu_mem_alloc_host;
     cuMemHostAlloc => host::cu_mem_host_alloc;
     cuMemFreeHost => host::cu_mem_free_host;

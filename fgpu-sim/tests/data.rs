@@ -236,6 +236,100 @@ fn touching_a_reserved_range_with_nothing_mapped_is_a_sticky_illegal_address() {
 }
 
 #[test]
+fn batched_copies_and_stream_values_touch_device_memory_like_copies() {
+    let env = SimEnv::new("data-batch");
+    // Both batch forms read what `fill` wrote (70 MiB: two batches of four copies); a written
+    // value is the pattern's first word, so the pattern still checks; the wait reads it.
+    let out = env.run(&[
+        "--error-names",
+        "alloc",
+        "70MiB",
+        "alloc-api",
+        "vmm",
+        "4MiB",
+        "fill",
+        "0",
+        "5",
+        "fill",
+        "1",
+        "6",
+        "batch-check",
+        "0",
+        "5",
+        "batch12-check",
+        "0",
+        "5",
+        "batch-check",
+        "1",
+        "6",
+        "write-value",
+        "1",
+        "6",
+        "wait-value",
+        "1",
+        "6",
+        "check",
+        "1",
+        "6",
+        "batch-check",
+        "0",
+        "6",
+        "unmap",
+        "1",
+        "wait-value",
+        "1",
+        "6",
+        "check",
+        "0",
+        "5",
+    ]);
+    for want in [
+        "batch-check 0 ok",
+        "batch12-check 0 ok",
+        "batch-check 1 ok",
+        "write-value 1 ok",
+        "wait-value 1 ok",
+        "check 1 ok",
+        // Another seed's pattern is not what the batch reads.
+        "batch-check 0 mismatch at 0",
+        // A wait on memory with nothing mapped (a parked allocation) faults, and the fault
+        // is sticky.
+        "wait-value 1 fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS",
+        "check 0 fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS",
+    ] {
+        assert!(has(&out, want), "{want}: {out:?}");
+    }
+}
+
+#[test]
+fn a_fault_breaks_the_context_for_every_later_call() {
+    let env = SimEnv::new("data-fault");
+    let out = env.run(&[
+        "--error-names",
+        "alloc",
+        "1MiB",
+        "fill",
+        "0",
+        "1",
+        "fault",
+        "check",
+        "0",
+        "1",
+        "alloc",
+        "1MiB",
+    ]);
+    assert!(has(&out, "fault ok"), "{out:?}");
+    assert!(
+        has(&out, "check 0 fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
+        "{out:?}"
+    );
+    assert!(
+        line(&out, "alloc fail").starts_with("alloc fail rc=700"),
+        "{out:?}"
+    );
+}
+
+#[test]
 fn strict_mode_fails_on_a_mismatch() {
     let env = SimEnv::new("data-strict");
     let out = env

@@ -102,6 +102,108 @@ fn privileged_an_idle_parkable_tenant_is_parked_for_another_and_comes_back_byte_
     assert!(a.stderr.contains("unparked 512MiB"), "{a}");
 }
 
+/// The other ways a program has the GPU touch its memory pass the same door as copies and
+/// launches: a parked tenant whose next call is a batched copy (CUDA 13.0's
+/// `cuMemcpyBatchAsync_v2`, CUDA 12.8's `cuMemcpyBatchAsync`) or a stream memory operation
+/// (`cuStreamWriteValue32_v2`, `cuStreamWaitValue32_v2`) is unparked first, and that call
+/// sees its data (over unmapped memory the simulator fails it with 700 and poisons the
+/// context).
+#[test]
+fn privileged_batched_copies_and_stream_memory_operations_bring_a_parked_tenant_back() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkops");
+    let _agent = w.agent_seeing("2GiB");
+    for op in ["batch-check", "batch12-check", "write-value", "wait-value"] {
+        let a_cg = Cgroup::new(&format!("parkops-a-{op}"));
+        let b_cg = Cgroup::new(&format!("parkops-b-{op}"));
+        w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+        w.set_limit(&b_cg, "1500MiB");
+        let mut a = w.load(
+            &a_cg,
+            &SIM,
+            &[
+                "alloc", "256MiB", "alloc", "256MiB", "fill", "0", "7", "fill", "1", "9", "launch",
+                "1", "empty", "hold", op, "0", "7", "check", "0", "7", "check", "1", "9",
+            ],
+        );
+        a.expect("ready");
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let mut b = w.load(&b_cg, &SIM, &["alloc", "512MiB", "alloc", "512MiB", "hold"]);
+        b.expect("ready");
+        assert_eq!(
+            allocs(&b.lines),
+            vec![Ok(512 << 20), Ok(512 << 20)],
+            "{op}: b"
+        );
+        let parked = row(&w, &a_cg);
+        assert_eq!(parked["parked_bytes"], 512u64 << 20, "{op}: {parked}");
+        let b = b.finish();
+        assert_eq!(b.code, Some(0), "{op}: {b}");
+        a.release();
+        let a = a.finish();
+        assert_eq!(a.line(op), format!("{op} 0 ok"), "{op}: {a}");
+        assert_eq!(a.line("check 0"), "check 0 ok", "{op}: {a}");
+        assert_eq!(a.line("check 1"), "check 1 ok", "{op}: {a}");
+        assert!(a.stderr.contains("unparked 512MiB"), "{op}: {a}");
+        assert_eq!(a.code, Some(0), "{op}: {a}");
+    }
+}
+
+/// A parked tenant whose context broke meanwhile (a device fault: the simulator's
+/// `fgpuSimFault`, which no shim sees) is not held at its door for ever: the unpark gives up
+/// after a few tries, says why, and the call gets the driver's own error (700), as it would
+/// without parking; the process ends; its neighbour keeps its memory.
+#[test]
+fn privileged_a_parked_tenant_whose_context_broke_gets_the_drivers_error_not_a_hang() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkbroken");
+    let _agent = w.agent_seeing("2GiB");
+    let a_cg = Cgroup::new("parkbroken-a");
+    let b_cg = Cgroup::new("parkbroken-b");
+    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+    w.set_limit(&b_cg, "1500MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &[
+            "alloc", "256MiB", "alloc", "256MiB", "fill", "0", "7", "launch", "1", "empty", "hold",
+            "fault", "check", "0", "7", "alloc", "64MiB",
+        ],
+    );
+    a.expect("ready");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let mut b = w.load(
+        &b_cg,
+        &SIM,
+        &["alloc", "512MiB", "alloc", "512MiB", "hold", "info"],
+    );
+    b.expect("ready");
+    assert_eq!(allocs(&b.lines), vec![Ok(512 << 20), Ok(512 << 20)], "b");
+    assert_eq!(row(&w, &a_cg)["parked_bytes"], 512u64 << 20);
+    // A hang is what this test is about: end the tenant after 30 s if it has not ended.
+    let pid = a.pid() as i32;
+    let watchdog = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(30));
+        // SAFETY: a plain signal to the tenant's process (it may have ended: then ESRCH).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    let t0 = std::time::Instant::now();
+    a.release();
+    let a = a.finish();
+    let took = t0.elapsed();
+    assert!(took < std::time::Duration::from_secs(25), "{took:?}: {a}");
+    assert_eq!(a.line("fault"), "fault ok", "{a}");
+    assert_eq!(a.line("check 0"), "check 0 fail rc=700", "{a}");
+    assert!(a.stderr.contains("unparking failed"), "{a}");
+    drop(watchdog);
+    let b = b.finish();
+    assert_eq!(b.code, Some(0), "{b}");
+}
+
 /// A tenant holding memory that cannot move is not parked: the other tenant's allocation
 /// fails as it would without parking, and the status says why. One case per kind of memory
 /// that pins (a pitched allocation, managed memory, a stream-ordered allocation, a memory

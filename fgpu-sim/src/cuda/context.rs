@@ -151,3 +151,20 @@ pub extern "C" fn cu_ctx_synchronize() -> CUresult {
     sleep_until(until);
     CUDA_SUCCESS
 }
+
+/// `fgpuSimFault()` (the simulator's own export, no CUDA entry point): the current context
+/// faults as a kernel of its own touching an illegal address would make it (an Xid 13 or 31
+/// on a real GPU), without anything else happening: every later call of the context fails
+/// with CUDA_ERROR_ILLEGAL_ADDRESS ([`crate::process::Local::current_dev`]). For tests of
+/// what a shim does with a context that broke while it was not looking (e.g. while its
+/// memory was parked).
+pub extern "C" fn fgpu_sim_fault() -> CUresult {
+    let mut l = local();
+    match l.current_dev() {
+        Ok(d) => {
+            l.poisoned[d] = true;
+            CUDA_SUCCESS
+        }
+        Err(e) => e,
+    }
+}

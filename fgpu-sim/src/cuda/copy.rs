@@ -105,7 +105,13 @@ unsafe fn read_pieces(l: &Local, pieces: &[Piece], dst: *mut u8) -> Result<(), C
 const STEP: u64 = 1 << 20;
 
 /// Host → device.
-fn htod(l: &mut Local, dev: usize, dst: u64, src: *const u8, n: usize) -> Result<(), CUresult> {
+pub(super) fn htod(
+    l: &mut Local,
+    dev: usize,
+    dst: u64,
+    src: *const u8,
+    n: usize,
+) -> Result<(), CUresult> {
     if n == 0 {
         return Ok(());
     }
@@ -120,7 +126,13 @@ fn htod(l: &mut Local, dev: usize, dst: u64, src: *const u8, n: usize) -> Result
 }
 
 /// Device → host.
-fn dtoh(l: &mut Local, dev: usize, dst: *mut u8, src: u64, n: usize) -> Result<(), CUresult> {
+pub(super) fn dtoh(
+    l: &mut Local,
+    dev: usize,
+    dst: *mut u8,
+    src: u64,
+    n: usize,
+) -> Result<(), CUresult> {
     if n == 0 {
         return Ok(());
     }
@@ -183,7 +195,7 @@ fn with_ctx(f: impl FnOnce(&mut Local, usize) -> Result<(), CUresult>) -> CUresu
 }
 
 /// As [`with_ctx`], after checking that `stream` is a stream of this context.
-fn with_stream(
+pub(super) fn with_stream(
     stream: Handle,
     f: impl FnOnce(&mut Local, usize) -> Result<(), CUresult>,
 ) -> CUresult {
@@ -240,22 +252,31 @@ pub extern "C" fn cu_memcpy_dtod_async(
 /// ([`Local::is_device_address`]: allocated, mapped, reserved or once handed out), else host
 /// memory. Host to host is a plain copy.
 pub extern "C" fn cu_memcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    with_ctx(
-        |l, d| match (l.is_device_address(dst), l.is_device_address(src)) {
-            (true, true) => dtod(l, d, dst, src, n),
-            (true, false) => htod(l, d, dst, src as *const u8, n),
-            (false, true) => dtoh(l, d, dst as *mut u8, src, n),
-            (false, false) => {
-                if n > 0 && (dst == 0 || src == 0) {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                // SAFETY: host pointers valid for `n` bytes (API contract); `copy` allows
-                // overlap.
-                unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
-                Ok(())
+    with_ctx(|l, d| unified(l, d, dst, src, n))
+}
+
+/// A copy whose direction the pointers tell (unified addressing, see [`cu_memcpy`]).
+pub(super) fn unified(
+    l: &mut Local,
+    d: usize,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+) -> Result<(), CUresult> {
+    match (l.is_device_address(dst), l.is_device_address(src)) {
+        (true, true) => dtod(l, d, dst, src, n),
+        (true, false) => htod(l, d, dst, src as *const u8, n),
+        (false, true) => dtoh(l, d, dst as *mut u8, src, n),
+        (false, false) => {
+            if n > 0 && (dst == 0 || src == 0) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
             }
-        },
-    )
+            // SAFETY: host pointers valid for `n` bytes (API contract); `copy` allows
+            // overlap.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
+            Ok(())
+        }
+    }
 }
 
 /// `cuMemsetD8_v2(dst, value, n)`: `n` bytes.

@@ -2,6 +2,7 @@
 //! `crate::exports`).
 
 pub mod array;
+pub mod batch;
 pub mod context;
 pub mod copy;
 pub mod device;

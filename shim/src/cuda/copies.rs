@@ -3,14 +3,19 @@
 //! device memory that is parked, and a copy into a parked process (a request arriving) brings
 //! its memory back first. Otherwise one relaxed load, then the real function.
 //!
-//! Not covered (docs/parking.md, "Limits"): the batched copies of CUDA 12.8
-//! (`cuMemcpyBatchAsync`, `cuMemcpy3DBatchAsync`), array copies (`cuMemcpyAtoD` and kin:
-//! arrays pin a process anyway), `cuMemPrefetchAsync` (managed memory pins it too).
+//! Also behind the door: the batched copies (CUDA 12.8's `cuMemcpyBatchAsync` and
+//! `cuMemcpy3DBatchAsync` with `failIdx`, CUDA 13.0's `_v2` without), the 3D peer copies,
+//! and the stream memory operations (`cuStreamWaitValue*`, `cuStreamWriteValue*`,
+//! `cuStreamBatchMemOp`, each in its first and `_v2` form), through which the GPU reads or
+//! writes device memory at an address the program gives.
+//!
+//! Not covered (docs/parking.md, "Limits"): array copies (`cuMemcpyAtoD` and kin: arrays
+//! pin a process anyway), `cuMemPrefetchAsync` (managed memory pins it too).
 
 #![allow(non_snake_case, clippy::too_many_arguments)]
 
 use crate::real::{self, CUdeviceptr, CUresult, Handle, Raw, real_or_3};
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_uint, c_ulonglong, c_void};
 
 macro_rules! doors {
     ($($real:ident => $name:ident ($($a:ident : $t:ty),*);)*) => {
@@ -126,4 +131,68 @@ doors! {
         d: CUdeviceptr, p: usize, v: c_uint, w: usize, h: usize, s: Handle);
     CU_MEMSET_D2D32_ASYNC_PTSZ => cuMemsetD2D32Async_ptsz(
         d: CUdeviceptr, p: usize, v: c_uint, w: usize, h: usize, s: Handle);
+    CU_MEMCPY_3D_PEER => cuMemcpy3DPeer(p: *const c_void);
+    CU_MEMCPY_3D_PEER_PTDS => cuMemcpy3DPeer_ptds(p: *const c_void);
+    CU_MEMCPY_3D_PEER_ASYNC => cuMemcpy3DPeerAsync(p: *const c_void, s: Handle);
+    CU_MEMCPY_3D_PEER_ASYNC_PTSZ => cuMemcpy3DPeerAsync_ptsz(p: *const c_void, s: Handle);
+    CU_MEMCPY_BATCH_ASYNC => cuMemcpyBatchAsync(
+        dsts: *const CUdeviceptr, srcs: *const CUdeviceptr, sizes: *const usize, n: usize,
+        attrs: *const c_void, idxs: *const usize, na: usize, fail: *mut usize, s: Handle);
+    CU_MEMCPY_BATCH_ASYNC_PTSZ => cuMemcpyBatchAsync_ptsz(
+        dsts: *const CUdeviceptr, srcs: *const CUdeviceptr, sizes: *const usize, n: usize,
+        attrs: *const c_void, idxs: *const usize, na: usize, fail: *mut usize, s: Handle);
+    CU_MEMCPY_BATCH_ASYNC_V2 => cuMemcpyBatchAsync_v2(
+        dsts: *const CUdeviceptr, srcs: *const CUdeviceptr, sizes: *const usize, n: usize,
+        attrs: *const c_void, idxs: *const usize, na: usize, s: Handle);
+    CU_MEMCPY_BATCH_ASYNC_V2_PTSZ => cuMemcpyBatchAsync_v2_ptsz(
+        dsts: *const CUdeviceptr, srcs: *const CUdeviceptr, sizes: *const usize, n: usize,
+        attrs: *const c_void, idxs: *const usize, na: usize, s: Handle);
+    CU_MEMCPY_3D_BATCH_ASYNC => cuMemcpy3DBatchAsync(
+        n: usize, ops: *const c_void, fail: *mut usize, flags: c_ulonglong, s: Handle);
+    CU_MEMCPY_3D_BATCH_ASYNC_PTSZ => cuMemcpy3DBatchAsync_ptsz(
+        n: usize, ops: *const c_void, fail: *mut usize, flags: c_ulonglong, s: Handle);
+    CU_MEMCPY_3D_BATCH_ASYNC_V2 =>
+        cuMemcpy3DBatchAsync_v2(n: usize, ops: *const c_void, flags: c_ulonglong, s: Handle);
+    CU_MEMCPY_3D_BATCH_ASYNC_V2_PTSZ => cuMemcpy3DBatchAsync_v2_ptsz(
+        n: usize, ops: *const c_void, flags: c_ulonglong, s: Handle);
+    CU_STREAM_WAIT_VALUE32 =>
+        cuStreamWaitValue32(s: Handle, a: CUdeviceptr, v: u32, f: c_uint);
+    CU_STREAM_WAIT_VALUE32_PTSZ =>
+        cuStreamWaitValue32_ptsz(s: Handle, a: CUdeviceptr, v: u32, f: c_uint);
+    CU_STREAM_WAIT_VALUE32_V2 =>
+        cuStreamWaitValue32_v2(s: Handle, a: CUdeviceptr, v: u32, f: c_uint);
+    CU_STREAM_WAIT_VALUE32_V2_PTSZ =>
+        cuStreamWaitValue32_v2_ptsz(s: Handle, a: CUdeviceptr, v: u32, f: c_uint);
+    CU_STREAM_WAIT_VALUE64 =>
+        cuStreamWaitValue64(s: Handle, a: CUdeviceptr, v: u64, f: c_uint);
+    CU_STREAM_WAIT_VALUE64_PTSZ =>
+        cuStreamWaitValue64_ptsz(s: Handle, a: CUdeviceptr, v: u64, f: c_uint);
+    CU_STREAM_WAIT_VALUE64_V2 =>
+        cuStreamWaitValue64_v2(s: Handle, a: CUdeviceptr, v: u64, f: c_uint);
+    CU_STREAM_WAIT_VALUE64_V2_PTSZ =>
+        cuStreamWaitValue64_v2_ptsz(s: Handle, a: CUdeviceptr, v: u64, f: c_uint);
+    CU_STREAM_WRITE_VALUE32 =>
+        cuStreamWriteValue32(s: Handle, a: CUdeviceptr, v: u32, f: c_uint);
+    CU_STREAM_WRITE_VALUE32_PTSZ =>
+        cuStreamWriteValue32_ptsz(s: Handle, a: CUdeviceptr, v: u32, f: c_uint);
+    CU_STREAM_WRITE_VALUE32_V2 =>
+        cuStreamWriteValue32_v2(s: Handle, a: CUdeviceptr, v: u32, f: c_uint);
+    CU_STREAM_WRITE_VALUE32_V2_PTSZ =>
+        cuStreamWriteValue32_v2_ptsz(s: Handle, a: CUdeviceptr, v: u32, f: c_uint);
+    CU_STREAM_WRITE_VALUE64 =>
+        cuStreamWriteValue64(s: Handle, a: CUdeviceptr, v: u64, f: c_uint);
+    CU_STREAM_WRITE_VALUE64_PTSZ =>
+        cuStreamWriteValue64_ptsz(s: Handle, a: CUdeviceptr, v: u64, f: c_uint);
+    CU_STREAM_WRITE_VALUE64_V2 =>
+        cuStreamWriteValue64_v2(s: Handle, a: CUdeviceptr, v: u64, f: c_uint);
+    CU_STREAM_WRITE_VALUE64_V2_PTSZ =>
+        cuStreamWriteValue64_v2_ptsz(s: Handle, a: CUdeviceptr, v: u64, f: c_uint);
+    CU_STREAM_BATCH_MEM_OP =>
+        cuStreamBatchMemOp(s: Handle, n: c_uint, ops: *const c_void, f: c_uint);
+    CU_STREAM_BATCH_MEM_OP_PTSZ =>
+        cuStreamBatchMemOp_ptsz(s: Handle, n: c_uint, ops: *const c_void, f: c_uint);
+    CU_STREAM_BATCH_MEM_OP_V2 =>
+        cuStreamBatchMemOp_v2(s: Handle, n: c_uint, ops: *const c_void, f: c_uint);
+    CU_STREAM_BATCH_MEM_OP_V2_PTSZ =>
+        cuStreamBatchMemOp_v2_ptsz(s: Handle, n: c_uint, ops: *const c_void, f: c_uint);
 }

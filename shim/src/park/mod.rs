@@ -6,9 +6,11 @@
 //!   it; the records of what this process has backed; the driver calls park and unpark make.
 //! - [`room`]: asking the agent to park someone else when the driver is out of memory.
 //! - `crate::cuda::copies`: the copy and set entry points, which pass the door.
+//! - [`unpark`]: bringing the memory back, at the first call through the door after a park
+//!   (and giving up when the driver fails for good).
 //! - here: the door every launch, copy, allocation and free passes while the container is
-//!   parkable (a count of calls inside, and a wait while parked), park (the watcher thread,
-//!   when the agent asks) and unpark (the first call through the door after a park).
+//!   parkable (a count of calls inside, and a wait while parked) and park (the watcher
+//!   thread, when the agent asks).
 //!
 //! Costs: a process that is not parkable pays one relaxed load per door. A parkable one pays
 //! two atomic adds and a coarse clock read per launch and copy, and its launches take the
@@ -16,6 +18,7 @@
 
 pub mod backing;
 pub mod room;
+mod unpark;
 
 use std::sync::Mutex;
 use std::sync::atomic::{
@@ -34,10 +37,14 @@ use crate::log::{info, warning};
 use crate::real::{CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUresult};
 use crate::registered::Registered;
 use backing::{HostRegion, RECORDS, Rec};
+use unpark::unpark;
 
 /// Whether this process's calls pass the door: its container is parkable, or it is not
 /// resident (a container made unparkable while parked still unparks at its next call).
 static PARKABLE: AtomicBool = AtomicBool::new(false);
+/// An unpark failed for good (a broken context, a device fault: [`unpark`]): this process is
+/// never parkable again.
+static BROKEN: AtomicBool = AtomicBool::new(false);
 /// Calls inside the door.
 static INFLIGHT: AtomicU64 = AtomicU64::new(0);
 /// [`RESIDENT`], [`PARKING`], [`PARKED`], [`UNPARKING`].
@@ -99,9 +106,10 @@ pub fn parkable() -> bool {
 /// Reads whether the container is parkable (the ledger's limits changed, or were read for
 /// the first time).
 pub fn refresh(l: &Ledger) {
-    let on = l.park_after_ms().is_some()
-        || PHASE.load(SeqCst) != RESIDENT
-        || PENDING_FREES.load(Relaxed) > 0;
+    let on = !BROKEN.load(SeqCst)
+        && (l.park_after_ms().is_some()
+            || PHASE.load(SeqCst) != RESIDENT
+            || PENDING_FREES.load(Relaxed) > 0);
     if on && !PARKABLE.swap(true, SeqCst) {
         info!("this container is parkable: new device memory is backed for parking");
         close_fast_paths();
@@ -138,6 +146,9 @@ pub fn enter() -> Door {
         return Door(false);
     }
     loop {
+        if !PARKABLE.load(SeqCst) {
+            return Door(false); // an unpark gave up (unpark::give_up)
+        }
         INFLIGHT.fetch_add(1, SeqCst);
         if PHASE.load(SeqCst) == RESIDENT {
             touch();
@@ -174,6 +185,9 @@ pub fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> Option<CUresult> {
     l.park_after_ms()?;
     if !PARKABLE.load(Relaxed) {
         refresh(l);
+        if !PARKABLE.load(Relaxed) {
+            return None;
+        }
     }
     if COUNT.load(Relaxed) >= backing::MAX_RECORDS {
         PINS.fetch_or(pin::FULL, Relaxed);
@@ -368,6 +382,9 @@ fn contexts(recs: &[Rec]) -> Vec<crate::real::Handle> {
 fn park(l: &Ledger, slot: usize) -> u32 {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let sp = l.slot_park(slot);
+    if BROKEN.load(SeqCst) {
+        return PARK_DRIVER_ERROR;
+    }
     if PHASE.load(SeqCst) != RESIDENT {
         return PARK_OK;
     }
@@ -476,125 +493,6 @@ fn park(l: &Ledger, slot: usize) -> u32 {
         ns / 1_000_000
     );
     PARK_OK
-}
-
-/// How often a stuck unpark says so.
-const STUCK_LOG_MS: u64 = 10_000;
-
-/// Brings this process's memory back (any thread; the others wait on the lock).
-fn unpark() {
-    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if PHASE.load(SeqCst) != PARKED {
-        return;
-    }
-    let Some((l, slot)) = ledger::get() else {
-        return;
-    };
-    let sp = l.slot_park(slot);
-    let t0 = fgpu_common::clock::mono_ns();
-    PHASE.store(UNPARKING, SeqCst);
-    sp.phase.store(UNPARKING, SeqCst);
-    let mut recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
-    let mut total = 0u64;
-    let mut waited_ns = 0u64;
-    let mut said = crate::sys::now_ms();
-    let mut stuck = |what: &dyn std::fmt::Display| {
-        let now = crate::sys::now_ms();
-        if now.saturating_sub(said) >= STUCK_LOG_MS {
-            warning!("unparking waits: {what}");
-            said = now;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
-    // Per context, a stream for its copies: physical memory is made and mapped while the
-    // copies queued before it run.
-    let mut streams: Vec<(crate::real::Handle, crate::real::Handle)> = Vec::new();
-    for r in recs.iter_mut().filter(|r| r.handle == 0) {
-        let w0 = fgpu_common::clock::mono_ns();
-        // The limit still applies: charge first (a limit lowered meanwhile makes this wait).
-        while let Err(d) = account::reserve_at("unpark", (l, slot), r.ord, r.idx, r.size, |_| {}) {
-            stuck(&format_args!(
-                "{} bytes over the limit ({} in use, limit {})",
-                r.size, d.used, d.limit
-            ));
-        }
-        let h = loop {
-            match backing::create(r.ord, r.size) {
-                Ok(h) => break h,
-                Err(e) if e.rc == CUDA_ERROR_OUT_OF_MEMORY => {
-                    if !room::ask(r.idx, r.size) {
-                        stuck(&format_args!("the device has no room for {} bytes", r.size));
-                    }
-                }
-                Err(e) => stuck(&format_args!("{} failed ({})", e.call, e.rc)),
-            }
-        };
-        waited_ns += fgpu_common::clock::mono_ns().saturating_sub(w0);
-        while let Err(e) = backing::map(r.va, r.size, h, r.ord) {
-            stuck(&format_args!("{} failed ({})", e.call, e.rc));
-        }
-        let s = match streams.iter().find(|(c, _)| *c == r.ctx) {
-            Some(&(_, s)) => Some(s),
-            None => match backing::in_ctx(r.ctx, backing::stream) {
-                Ok(Ok(s)) => {
-                    streams.push((r.ctx, s));
-                    Some(s)
-                }
-                _ => None,
-            },
-        };
-        let copied = backing::in_ctx(r.ctx, || match s {
-            Some(s) => backing::copy_in(r.va, r.host, r.size, s),
-            None => backing::copy_in(r.va, r.host, r.size, std::ptr::null_mut())
-                .and_then(|()| backing::sync()),
-        });
-        if let Err(e) = copied.and_then(|r| r) {
-            // The host copy stays until the copy is made: try again synchronously.
-            crate::log::error!("unparking: {} failed ({}); copying again", e.call, e.rc);
-            while let Err(e) = backing::in_ctx(r.ctx, || {
-                backing::copy_in(r.va, r.host, r.size, std::ptr::null_mut())
-                    .and_then(|()| backing::sync())
-            })
-            .and_then(|r| r)
-            {
-                stuck(&format_args!("{} failed ({})", e.call, e.rc));
-            }
-        }
-        r.handle = h;
-        total += r.size;
-    }
-    for (c, s) in streams {
-        if let Err(e) = backing::in_ctx(c, || backing::finish(s)).and_then(|r| r) {
-            crate::log::error!("unparking: {} failed ({})", e.call, e.rc);
-        }
-    }
-    for r in recs.iter_mut() {
-        if !r.host.is_null() {
-            sp.parked[r.idx].fetch_sub(r.size.min(sp.parked[r.idx].load(SeqCst)), SeqCst);
-            r.host = std::ptr::null_mut();
-        }
-    }
-    drop(recs);
-    if let Some((region, ctx)) = REGION.lock().unwrap_or_else(|e| e.into_inner()).take() {
-        let mut q = TO_FREE.lock().unwrap_or_else(|e| e.into_inner());
-        q.push((region, ctx, crate::sys::now_ms()));
-        PENDING_FREES.store(q.len(), Relaxed);
-    }
-    PHASE.store(RESIDENT, SeqCst);
-    sp.phase.store(RESIDENT, SeqCst);
-    let ns = fgpu_common::clock::mono_ns().saturating_sub(t0);
-    // The unpark's own length: without the time it waited for room or for its limit.
-    sp.last_unpark_ns
-        .store(ns.saturating_sub(waited_ns), SeqCst);
-    sp.unparks.fetch_add(1, SeqCst);
-    touch();
-    info!(
-        "unparked {} ({total} bytes) in {} ms (waited for room {} ms)",
-        fgpu_common::quantity::Size(total),
-        ns.saturating_sub(waited_ns) / 1_000_000,
-        waited_ns / 1_000_000
-    );
-    refresh(l);
 }
 
 /// In a fork child: no device memory is inherited.

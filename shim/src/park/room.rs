@@ -10,8 +10,10 @@ use fgpu_common::ledger::park::{ROOM_COMING, ROOM_DONE, ROOM_NONE};
 
 use crate::ledger;
 
-/// How long the agent has to take up a request (it looks every 50 ms).
-const ANSWER_MS: u64 = 400;
+/// How long the agent has to take up a request (it looks every 50 ms; a node busy enough
+/// to delay it for a second must not turn an allocation that parking can serve into an
+/// out-of-memory error: seen at 400 ms with the agent's tests run in parallel on two cores).
+const ANSWER_MS: u64 = 2_000;
 /// How long a park the agent started may take before the caller gives up.
 const COMING_MS: u64 = 120_000;
 

@@ -9,6 +9,9 @@
 
 pub mod dl;
 pub mod hip;
+mod types;
+
+pub use types::*;
 
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong, c_void};
 use std::marker::PhantomData;
@@ -349,6 +352,73 @@ syms! {
         fn(CUdeviceptr, usize, c_uint, usize, usize, Handle) -> CUresult;
     CU_MEMSET_D2D32_ASYNC_PTSZ Cuda c"cuMemsetD2D32Async_ptsz":
         fn(CUdeviceptr, usize, c_uint, usize, usize, Handle) -> CUresult;
+    CU_MEMCPY_3D_PEER Cuda c"cuMemcpy3DPeer": fn(*const c_void) -> CUresult;
+    CU_MEMCPY_3D_PEER_PTDS Cuda c"cuMemcpy3DPeer_ptds": fn(*const c_void) -> CUresult;
+    CU_MEMCPY_3D_PEER_ASYNC Cuda c"cuMemcpy3DPeerAsync": fn(*const c_void, Handle) -> CUresult;
+    CU_MEMCPY_3D_PEER_ASYNC_PTSZ Cuda c"cuMemcpy3DPeerAsync_ptsz":
+        fn(*const c_void, Handle) -> CUresult;
+    // The batched copies: CUDA 12.8's (with `failIdx`), and CUDA 13.0's `_v2` (without).
+    CU_MEMCPY_BATCH_ASYNC Cuda c"cuMemcpyBatchAsync": fn(
+        *const CUdeviceptr, *const CUdeviceptr, *const usize, usize,
+        *const c_void, *const usize, usize, *mut usize, Handle) -> CUresult;
+    CU_MEMCPY_BATCH_ASYNC_PTSZ Cuda c"cuMemcpyBatchAsync_ptsz": fn(
+        *const CUdeviceptr, *const CUdeviceptr, *const usize, usize,
+        *const c_void, *const usize, usize, *mut usize, Handle) -> CUresult;
+    CU_MEMCPY_BATCH_ASYNC_V2 Cuda c"cuMemcpyBatchAsync_v2": fn(
+        *const CUdeviceptr, *const CUdeviceptr, *const usize, usize,
+        *const c_void, *const usize, usize, Handle) -> CUresult;
+    CU_MEMCPY_BATCH_ASYNC_V2_PTSZ Cuda c"cuMemcpyBatchAsync_v2_ptsz": fn(
+        *const CUdeviceptr, *const CUdeviceptr, *const usize, usize,
+        *const c_void, *const usize, usize, Handle) -> CUresult;
+    CU_MEMCPY_3D_BATCH_ASYNC Cuda c"cuMemcpy3DBatchAsync":
+        fn(usize, *const c_void, *mut usize, c_ulonglong, Handle) -> CUresult;
+    CU_MEMCPY_3D_BATCH_ASYNC_PTSZ Cuda c"cuMemcpy3DBatchAsync_ptsz":
+        fn(usize, *const c_void, *mut usize, c_ulonglong, Handle) -> CUresult;
+    CU_MEMCPY_3D_BATCH_ASYNC_V2 Cuda c"cuMemcpy3DBatchAsync_v2":
+        fn(usize, *const c_void, c_ulonglong, Handle) -> CUresult;
+    CU_MEMCPY_3D_BATCH_ASYNC_V2_PTSZ Cuda c"cuMemcpy3DBatchAsync_v2_ptsz":
+        fn(usize, *const c_void, c_ulonglong, Handle) -> CUresult;
+    // Stream memory operations: the GPU reads or writes device memory at an address.
+    CU_STREAM_WAIT_VALUE32 Cuda c"cuStreamWaitValue32":
+        fn(Handle, CUdeviceptr, u32, c_uint) -> CUresult;
+    CU_STREAM_WAIT_VALUE32_PTSZ Cuda c"cuStreamWaitValue32_ptsz":
+        fn(Handle, CUdeviceptr, u32, c_uint) -> CUresult;
+    CU_STREAM_WAIT_VALUE32_V2 Cuda c"cuStreamWaitValue32_v2":
+        fn(Handle, CUdeviceptr, u32, c_uint) -> CUresult;
+    CU_STREAM_WAIT_VALUE32_V2_PTSZ Cuda c"cuStreamWaitValue32_v2_ptsz":
+        fn(Handle, CUdeviceptr, u32, c_uint) -> CUresult;
+    CU_STREAM_WAIT_VALUE64 Cuda c"cuStreamWaitValue64":
+        fn(Handle, CUdeviceptr, u64, c_uint) -> CUresult;
+    CU_STREAM_WAIT_VALUE64_PTSZ Cuda c"cuStreamWaitValue64_ptsz":
+        fn(Handle, CUdeviceptr, u64, c_uint) -> CUresult;
+    CU_STREAM_WAIT_VALUE64_V2 Cuda c"cuStreamWaitValue64_v2":
+        fn(Handle, CUdeviceptr, u64, c_uint) -> CUresult;
+    CU_STREAM_WAIT_VALUE64_V2_PTSZ Cuda c"cuStreamWaitValue64_v2_ptsz":
+        fn(Handle, CUdeviceptr, u64, c_uint) -> CUresult;
+    CU_STREAM_WRITE_VALUE32 Cuda c"cuStreamWriteValue32":
+        fn(Handle, CUdeviceptr, u32, c_uint) -> CUresult;
+    CU_STREAM_WRITE_VALUE32_PTSZ Cuda c"cuStreamWriteValue32_ptsz":
+        fn(Handle, CUdeviceptr, u32, c_uint) -> CUresult;
+    CU_STREAM_WRITE_VALUE32_V2 Cuda c"cuStreamWriteValue32_v2":
+        fn(Handle, CUdeviceptr, u32, c_uint) -> CUresult;
+    CU_STREAM_WRITE_VALUE32_V2_PTSZ Cuda c"cuStreamWriteValue32_v2_ptsz":
+        fn(Handle, CUdeviceptr, u32, c_uint) -> CUresult;
+    CU_STREAM_WRITE_VALUE64 Cuda c"cuStreamWriteValue64":
+        fn(Handle, CUdeviceptr, u64, c_uint) -> CUresult;
+    CU_STREAM_WRITE_VALUE64_PTSZ Cuda c"cuStreamWriteValue64_ptsz":
+        fn(Handle, CUdeviceptr, u64, c_uint) -> CUresult;
+    CU_STREAM_WRITE_VALUE64_V2 Cuda c"cuStreamWriteValue64_v2":
+        fn(Handle, CUdeviceptr, u64, c_uint) -> CUresult;
+    CU_STREAM_WRITE_VALUE64_V2_PTSZ Cuda c"cuStreamWriteValue64_v2_ptsz":
+        fn(Handle, CUdeviceptr, u64, c_uint) -> CUresult;
+    CU_STREAM_BATCH_MEM_OP Cuda c"cuStreamBatchMemOp":
+        fn(Handle, c_uint, *const c_void, c_uint) -> CUresult;
+    CU_STREAM_BATCH_MEM_OP_PTSZ Cuda c"cuStreamBatchMemOp_ptsz":
+        fn(Handle, c_uint, *const c_void, c_uint) -> CUresult;
+    CU_STREAM_BATCH_MEM_OP_V2 Cuda c"cuStreamBatchMemOp_v2":
+        fn(Handle, c_uint, *const c_void, c_uint) -> CUresult;
+    CU_STREAM_BATCH_MEM_OP_V2_PTSZ Cuda c"cuStreamBatchMemOp_v2_ptsz":
+        fn(Handle, c_uint, *const c_void, c_uint) -> CUresult;
 
     NVML_DEVICE_GET_MEMORY_INFO Nvml c"nvmlDeviceGetMemoryInfo":
         fn(NvmlDevice, *mut NvmlMemory) -> NvmlReturn;
@@ -361,116 +431,6 @@ syms! {
     NVML_DEVICE_GET_INDEX Nvml c"nvmlDeviceGetIndex": fn(NvmlDevice, *mut c_uint) -> NvmlReturn;
     NVML_DEVICE_GET_COMPUTE_RUNNING_PROCESSES_V3 Nvml c"nvmlDeviceGetComputeRunningProcesses_v3":
         fn(NvmlDevice, *mut c_uint, *mut NvmlProcessInfo) -> NvmlReturn;
-}
-
-/// Head of `CUmemAllocationProp`: type, requestedHandleTypes, `CUmemLocation { type, id }`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct AllocPropHead {
-    pub alloc_type: c_int,
-    pub handle_types: c_int,
-    pub location_type: c_int,
-    pub location_id: c_int,
-}
-
-/// The whole `CUmemAllocationProp` (parking fills it in itself): the head, then
-/// `win32HandleMetaData` and `allocFlags` (compression, RDMA, usage, reserved), zeroed.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct AllocProp {
-    pub head: AllocPropHead,
-    pub win32_meta: *mut c_void,
-    pub alloc_flags: [u8; 8],
-}
-
-const _: () = assert!(std::mem::size_of::<AllocProp>() == 32);
-
-/// `CUmemAccessDesc`: a location (type, id) and the access flags.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct AccessDesc {
-    pub location_type: c_int,
-    pub location_id: c_int,
-    pub flags: c_int,
-}
-
-/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
-pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
-/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
-pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
-/// `CU_MEMHOSTREGISTER_PORTABLE`.
-pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 1;
-/// `CU_STREAM_NON_BLOCKING`.
-pub const CU_STREAM_NON_BLOCKING: c_uint = 1;
-
-/// Head of `CUlaunchConfig` (cuLaunchKernelEx): grid, block, shared memory, then the stream
-/// at offset 32.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct LaunchConfigHead {
-    pub grid: [c_uint; 3],
-    pub block: [c_uint; 3],
-    pub shared_mem_bytes: c_uint,
-    pub stream: Handle,
-}
-
-const _: () = assert!(std::mem::offset_of!(LaunchConfigHead, stream) == 32);
-
-/// Head of `CUmemPoolProps` (same head as `CUmemAllocationProp`).
-pub type PoolPropsHead = AllocPropHead;
-
-pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
-
-/// `CUDA_ARRAY_DESCRIPTOR`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct ArrayDescriptor {
-    pub width: usize,
-    pub height: usize,
-    pub format: c_int,
-    pub channels: c_uint,
-}
-
-/// `CUDA_ARRAY3D_DESCRIPTOR`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct Array3dDescriptor {
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub format: c_int,
-    pub channels: c_uint,
-    pub flags: c_uint,
-}
-
-/// `nvmlMemory_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct NvmlMemory {
-    pub total: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-/// `nvmlMemory_v2_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct NvmlMemoryV2 {
-    pub version: c_uint,
-    pub total: u64,
-    pub reserved: u64,
-    pub free: u64,
-    pub used: u64,
-}
-
-/// `nvmlProcessInfo_t` (v3 API).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-pub struct NvmlProcessInfo {
-    pub pid: c_uint,
-    pub used_gpu_memory: u64,
-    pub gpu_instance_id: c_uint,
-    pub compute_instance_id: c_uint,
 }
 
 /// The handle of `lib` if it is loaded in this process (0 if not).

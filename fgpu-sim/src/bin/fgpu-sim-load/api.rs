@@ -173,6 +173,57 @@ pub(crate) struct Api {
     pub(crate) stream_end_capture: unsafe extern "C" fn(usize, *mut usize) -> R,
     pub(crate) graph_instantiate: unsafe extern "C" fn(*mut usize, usize, u64) -> R,
     pub(crate) graph_launch: unsafe extern "C" fn(usize, usize) -> R,
+    /// Optional, looked up by exported name (a driver older than CUDA 12.8 or 13.0 lacks
+    /// them; the commands that use them report `error missing=NAME`).
+    pub(crate) memcpy_batch: Option<BatchFn>,
+    pub(crate) memcpy_batch_v2: Option<BatchV2Fn>,
+    pub(crate) write_value32: Option<StreamValueFn>,
+    pub(crate) wait_value32: Option<StreamValueFn>,
+}
+
+/// `cuMemcpyBatchAsync` (CUDA 12.8): dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs,
+/// failIdx, stream.
+pub(crate) type BatchFn = unsafe extern "C" fn(
+    *const u64,
+    *const u64,
+    *const usize,
+    usize,
+    *const MemcpyAttributes,
+    *const usize,
+    usize,
+    *mut usize,
+    usize,
+) -> R;
+/// `cuMemcpyBatchAsync_v2` (CUDA 13.0): as [`BatchFn`] without failIdx.
+pub(crate) type BatchV2Fn = unsafe extern "C" fn(
+    *const u64,
+    *const u64,
+    *const usize,
+    usize,
+    *const MemcpyAttributes,
+    *const usize,
+    usize,
+    usize,
+) -> R;
+/// `cuStreamWriteValue32_v2` / `cuStreamWaitValue32_v2`: stream, address, value, flags.
+pub(crate) type StreamValueFn = unsafe extern "C" fn(usize, u64, u32, u32) -> R;
+
+/// `CUmemcpyAttributes`: srcAccessOrder, srcLocHint and dstLocHint (`CUmemLocation`s), flags.
+#[repr(C)]
+pub(crate) struct MemcpyAttributes {
+    pub(crate) src_access_order: u32,
+    pub(crate) src_loc_hint: [i32; 2],
+    pub(crate) dst_loc_hint: [i32; 2],
+    pub(crate) flags: u32,
+}
+
+/// Looks `$name` up by its exported name; `None` if the driver has no such symbol.
+macro_rules! optional {
+    ($lib:expr, $name:literal) => {{
+        let p = $lib.dlsym($name);
+        // SAFETY: as in `entry!`: the field's type is the symbol's documented C signature.
+        (!p.is_null()).then(|| unsafe { fn_ptr(p) })
+    }};
 }
 
 impl Api {
@@ -229,6 +280,10 @@ impl Api {
                 "cuGraphInstantiateWithFlags"
             ),
             graph_launch: entry!(lib, "cuGraphLaunch", "cuGraphLaunch"),
+            memcpy_batch: optional!(lib, "cuMemcpyBatchAsync"),
+            memcpy_batch_v2: optional!(lib, "cuMemcpyBatchAsync_v2"),
+            write_value32: optional!(lib, "cuStreamWriteValue32_v2"),
+            wait_value32: optional!(lib, "cuStreamWaitValue32_v2"),
         }
     }
 }

@@ -20,6 +20,13 @@
 //!   unmap IDX | map IDX | remap IDX (a vmm allocation's mapping: unmapped with its
 //!                                reservation kept, mapped again there, or mapped at a fresh
 //!                                reservation that becomes its address); lines: driver/data.rs
+//!   batch-check IDX SEED | batch12-check IDX SEED (as check, read with cuMemcpyBatchAsync_v2 /
+//!                                CUDA 12.8's cuMemcpyBatchAsync) | write-value IDX SEED |
+//!                                wait-value IDX SEED (cuStreamWriteValue32_v2 /
+//!                                cuStreamWaitValue32_v2 of the pattern's first word at the
+//!                                allocation's start); lines: driver/streamops.rs
+//!   fault                       (fgpu-sim only: the current context faults, as a kernel
+//!                                touching an illegal address makes it; later calls fail 700)
 //!   device N                    (make ordinal N's primary context current; prints its UUID)
 //!   no-context                  (no context current: driver calls then fail, e.g. a free)
 //!   devices                     (the visible ordinals and their UUIDs)
@@ -223,6 +230,20 @@ fn main() {
                     _ => d.copy(idx, v as usize),
                 }
             }
+            "batch-check" | "batch12-check" | "write-value" | "wait-value" => {
+                let idx = num_arg(args.get(i)).unwrap_or(u64::MAX) as usize;
+                let Some(seed) = num_arg(args.get(i + 1)) else {
+                    out(format!("error bad-argument command={cmd}"));
+                    std::process::exit(2);
+                };
+                i += 2;
+                match cmd {
+                    "batch-check" | "batch12-check" => {
+                        d.batch_check(idx, seed, cmd == "batch-check")
+                    }
+                    _ => d.stream_value(idx, seed, cmd == "write-value"),
+                }
+            }
             "unmap" | "map" | "remap" => {
                 let idx = num_arg(args.get(i)).unwrap_or(u64::MAX) as usize;
                 i += 1;
@@ -327,6 +348,21 @@ fn main() {
                 d.use_device(n as i32);
             }
             "devices" => d.devices(),
+            "fault" => {
+                // The simulator's own fault injection (fgpu-sim cuda::context::fgpu_sim_fault),
+                // looked up by name: not a driver entry point, so no shim sees it.
+                let p = lib.dlsym("fgpuSimFault");
+                if p.is_null() {
+                    out("fault fail missing=fgpuSimFault".into());
+                    d.failed = true;
+                } else {
+                    // SAFETY: fgpuSimFault(void) -> CUresult.
+                    let f: unsafe extern "C" fn() -> i32 = unsafe { fn_ptr(p) };
+                    // SAFETY: no arguments.
+                    let rc = unsafe { f() };
+                    d.report(rc, "fault ok".into(), format!("fault fail rc={rc}"));
+                }
+            }
             "sleep" => {
                 let ms = num_arg(args.get(i)).unwrap_or(0);
                 i += 1;

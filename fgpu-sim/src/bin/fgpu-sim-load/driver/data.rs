@@ -35,7 +35,7 @@ fn pattern_word(seed: u64, word: u64) -> [u8; 8] {
 }
 
 /// Fills `buf` with the pattern of `seed` as it lies at offset `off` (a multiple of 8).
-fn pattern(seed: u64, off: u64, buf: &mut [u8]) {
+pub(super) fn pattern(seed: u64, off: u64, buf: &mut [u8]) {
     for (i, w) in buf.chunks_mut(8).enumerate() {
         let word = pattern_word(seed, off / 8 + i as u64);
         w.copy_from_slice(&word[..w.len()]);
@@ -44,7 +44,7 @@ fn pattern(seed: u64, off: u64, buf: &mut [u8]) {
 
 impl Driver {
     /// The live allocation `idx` as (ptr, size), or reports `{cmd} {idx} fail rc=1`.
-    fn live(&mut self, cmd: &str, idx: usize) -> Option<(u64, u64)> {
+    pub(super) fn live(&mut self, cmd: &str, idx: usize) -> Option<(u64, u64)> {
         match self.allocs.get(idx).filter(|a| !a.freed) {
             Some(a) => Some((a.ptr, a.size)),
             None => {
@@ -80,6 +80,20 @@ impl Driver {
     /// Reads allocation `idx` back (at most 64 MiB per cuMemcpyDtoH_v2) and compares it
     /// with what `expect(offset, buf)` writes; one line, `cmd` first.
     fn compare(&mut self, cmd: &str, idx: usize, expect: impl Fn(u64, &mut [u8])) {
+        let dtoh = self.api.memcpy_dtoh;
+        // SAFETY: documented signature; `compare_with` passes a buffer of `n` bytes.
+        self.compare_with(cmd, idx, |dst, src, n| unsafe { dtoh(dst, src, n) }, expect);
+    }
+
+    /// As [`Self::compare`], reading with `read(dst, device address, n)` (`dst` holds `n`
+    /// bytes, at most 64 MiB), which returns a CUresult.
+    pub(super) fn compare_with(
+        &mut self,
+        cmd: &str,
+        idx: usize,
+        mut read: impl FnMut(*mut u8, u64, usize) -> i32,
+        expect: impl Fn(u64, &mut [u8]),
+    ) {
         let Some((ptr, size)) = self.live(cmd, idx) else {
             return;
         };
@@ -88,8 +102,7 @@ impl Driver {
         let mut off = 0;
         while off < size {
             let n = (size - off).min(MAX_COPY) as usize;
-            // SAFETY: documented signature; `got` holds `n` bytes.
-            let rc = unsafe { (self.api.memcpy_dtoh)(got.as_mut_ptr(), ptr + off, n) };
+            let rc = read(got.as_mut_ptr(), ptr + off, n);
             if rc != 0 {
                 self.report(rc, String::new(), format!("{cmd} {idx} fail rc={rc}"));
                 return;

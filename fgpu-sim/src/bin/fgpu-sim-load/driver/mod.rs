@@ -1,12 +1,14 @@
 //! The commands' state — the context, the allocations made — and what every command
 //! shares: reporting, devices, synchronisation. The commands themselves: `memory`, `data`
-//! (patterns written and checked, memsets, copies, VMM remaps), `launch` (kernels and
-//! graphs), `steps` (step loops with host time between them).
+//! (patterns written and checked, memsets, copies, VMM remaps), `streamops` (batched copies,
+//! stream memory operations), `launch` (kernels and graphs), `steps` (step loops with host
+//! time between them).
 
 mod data;
 mod launch;
 mod memory;
 mod steps;
+mod streamops;
 
 use std::ffi::{CStr, c_char};
 use std::time::Instant;
