@@ -1,8 +1,10 @@
-//! cgroup v2 paths as the kernel reports them, and who they belong to ([`naming`]).
+//! cgroup v2 paths as the kernel reports them, who they belong to ([`naming`]), and the room a
+//! process's memory cgroup leaves it ([`memory`]).
 //!
 //! Paths here are relative to the cgroup v2 root and start with `/` (the form of
 //! `/proc/PID/cgroup`): `/kubepods.slice/.../cri-containerd-<id>.scope`.
 
+pub mod memory;
 pub mod naming;
 
 use std::path::PathBuf;

@@ -362,6 +362,21 @@ fn unexplained(l: &Ledger, slot: usize, recs: &[Rec]) -> u64 {
     out
 }
 
+/// Room a park leaves in the memory cgroup beyond its host copy: at least this, or 1/64 of
+/// the copy (page tables, the process's own growth meanwhile).
+const MEMCG_MARGIN: u64 = 64 << 20;
+
+/// The room this process's memory cgroup leaves it, and which controller charges it; None
+/// where no limit applies or none can be read (`fgpu_common::cgroup::memory`).
+fn memcg_room() -> Option<(u64, fgpu_common::cgroup::memory::Version)> {
+    use fgpu_common::cgroup::memory;
+    let pc = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mi = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let d = memory::dirs(&pc, &mi)?;
+    let room = memory::room(&d, |dir, f| std::fs::read_to_string(dir.join(f)).ok())?;
+    Some((room, d.version))
+}
+
 /// Milliseconds since `t0` (ns).
 fn ms_since(t0: u64) -> u64 {
     fgpu_common::clock::mono_ns().saturating_sub(t0) / 1_000_000
@@ -428,6 +443,19 @@ fn park(l: &Ledger, slot: usize) -> u32 {
     let mut recs = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
     let ctxs = contexts(&recs);
     let total: u64 = recs.iter().map(|r| r.size).sum();
+    // The host copy is charged to this process's memory cgroup: faulting it in past the
+    // cgroup's limit would have the kernel's OOM killer end the container. Refused first.
+    if let Some((room, version)) = memcg_room() {
+        let need = total + (total / 64).max(MEMCG_MARGIN);
+        if room < need {
+            warning!(
+                "parking: the memory cgroup has room for {} ({version}), the host copy needs {} and a margin; not parked",
+                fgpu_common::quantity::Size(room),
+                fgpu_common::quantity::Size(total)
+            );
+            return give_up(PARK_NO_HOST_MEMORY);
+        }
+    }
     // Host memory first (registered in the first context; portable).
     let region = match backing::in_ctx(ctxs[0], || backing::host_region(total)) {
         Ok(Ok(r)) => r,

@@ -133,6 +133,17 @@ impl AgentWorld {
         (self.fgpu.clone(), self.socket.clone())
     }
 
+    /// The agent's status row of `cg` (`fgpu status --json`).
+    pub fn status_row(&self, cg: &Cgroup) -> serde_json::Value {
+        let (ok, out) = self.fgpu(&["status", "--json"]);
+        assert!(ok, "fgpu status --json: {out}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
+        v.as_array()
+            .and_then(|a| a.iter().find(|c| c["cgroup"] == cg.path.as_str()))
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {} in {out}", cg.path))
+    }
+
     /// `fgpu ARGS --socket SOCKET`: (success, stdout).
     pub fn fgpu(&self, args: &[&str]) -> (bool, String) {
         let out = Command::new(&self.fgpu)
