@@ -138,6 +138,17 @@ pub extern "C" fn cu_memcpy_batch_async_v2(
     )
 }
 
+/// Writes `bytes` at `addr` in stream order (at once, see the module's rules).
+fn write_value(s: Handle, addr: CUdeviceptr, bytes: &[u8]) -> CUresult {
+    with_stream(s, |l, d| htod(l, d, addr, bytes.as_ptr(), bytes.len()))
+}
+
+/// Reads `n` (at most 8) bytes at `addr`, as a wait's polling does.
+fn read_value(s: Handle, addr: CUdeviceptr, n: usize) -> CUresult {
+    let mut bytes = [0u8; 8];
+    with_stream(s, |l, d| dtoh(l, d, bytes.as_mut_ptr(), addr, n.min(8)))
+}
+
 /// `cuStreamWriteValue32(_v2)(stream, addr, value, flags)`.
 pub extern "C" fn cu_stream_write_value32(
     s: Handle,
@@ -145,8 +156,7 @@ pub extern "C" fn cu_stream_write_value32(
     v: u32,
     _f: u32,
 ) -> CUresult {
-    let bytes = v.to_le_bytes();
-    with_stream(s, |l, d| htod(l, d, addr, bytes.as_ptr(), bytes.len()))
+    write_value(s, addr, &v.to_le_bytes())
 }
 
 /// `cuStreamWriteValue64(_v2)(stream, addr, value, flags)`.
@@ -156,8 +166,7 @@ pub extern "C" fn cu_stream_write_value64(
     v: u64,
     _f: u32,
 ) -> CUresult {
-    let bytes = v.to_le_bytes();
-    with_stream(s, |l, d| htod(l, d, addr, bytes.as_ptr(), bytes.len()))
+    write_value(s, addr, &v.to_le_bytes())
 }
 
 /// `cuStreamWaitValue32(_v2)(stream, addr, value, flags)`: reads the value (see the module's
@@ -168,8 +177,7 @@ pub extern "C" fn cu_stream_wait_value32(
     _v: u32,
     _f: u32,
 ) -> CUresult {
-    let mut bytes = [0u8; 4];
-    with_stream(s, |l, d| dtoh(l, d, bytes.as_mut_ptr(), addr, bytes.len()))
+    read_value(s, addr, 4)
 }
 
 /// `cuStreamWaitValue64(_v2)(stream, addr, value, flags)`.
@@ -179,6 +187,5 @@ pub extern "C" fn cu_stream_wait_value64(
     _v: u64,
     _f: u32,
 ) -> CUresult {
-    let mut bytes = [0u8; 8];
-    with_stream(s, |l, d| dtoh(l, d, bytes.as_mut_ptr(), addr, bytes.len()))
+    read_value(s, addr, 8)
 }

@@ -22,6 +22,30 @@ struct Broken {
     rc: CUresult,
 }
 
+/// Runs `f` (given `stuck`, for waits of its own) until it succeeds; a failure is said
+/// through `stuck` and tried again, [`BROKEN_TRIES`] times in all.
+fn retried<T>(
+    stuck: &mut dyn FnMut(&dyn std::fmt::Display),
+    mut f: impl FnMut(&mut dyn FnMut(&dyn std::fmt::Display)) -> Result<T, backing::Failed>,
+) -> Result<T, Broken> {
+    let mut tries = 0;
+    loop {
+        match f(stuck) {
+            Ok(v) => return Ok(v),
+            Err(e) => {
+                tries += 1;
+                if tries >= BROKEN_TRIES {
+                    return Err(Broken {
+                        call: e.call,
+                        rc: e.rc,
+                    });
+                }
+                stuck(&format_args!("{} failed ({})", e.call, e.rc));
+            }
+        }
+    }
+}
+
 /// Brings this process's memory back (any thread; the others wait on the lock).
 pub(super) fn unpark() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -51,7 +75,7 @@ pub(super) fn unpark() {
     // Per context, a stream for its copies: physical memory is made and mapped while the
     // copies queued before it run.
     let mut streams: Vec<(crate::real::Handle, crate::real::Handle)> = Vec::new();
-    'records: for r in recs.iter_mut().filter(|r| r.handle == 0) {
+    for r in recs.iter_mut().filter(|r| r.handle == 0) {
         let w0 = fgpu_common::clock::mono_ns();
         // The limit still applies: charge first (a limit lowered meanwhile makes this wait).
         while let Err(d) = account::reserve_at("unpark", (l, slot), r.ord, r.idx, r.size, |_| {}) {
@@ -60,43 +84,32 @@ pub(super) fn unpark() {
                 r.size, d.used, d.limit
             ));
         }
-        let mut tries = 0;
-        let h = loop {
-            match backing::create(r.ord, r.size) {
-                Ok(h) => break h,
-                Err(e) if e.rc == CUDA_ERROR_OUT_OF_MEMORY => {
-                    if !room::ask(r.idx, r.size) {
-                        stuck(&format_args!("the device has no room for {} bytes", r.size));
+        let created = retried(&mut stuck, |stuck| {
+            loop {
+                match backing::create(r.ord, r.size) {
+                    Err(e) if e.rc == CUDA_ERROR_OUT_OF_MEMORY => {
+                        if !room::ask(r.idx, r.size) {
+                            stuck(&format_args!("the device has no room for {} bytes", r.size));
+                        }
                     }
+                    other => break other,
                 }
-                Err(e) => {
-                    tries += 1;
-                    if tries >= BROKEN_TRIES {
-                        account::release(r.idx, r.size);
-                        broken = Some(Broken {
-                            call: e.call,
-                            rc: e.rc,
-                        });
-                        break 'records;
-                    }
-                    stuck(&format_args!("{} failed ({})", e.call, e.rc));
-                }
+            }
+        });
+        let h = match created {
+            Ok(h) => h,
+            Err(b) => {
+                account::release(r.idx, r.size);
+                broken = Some(b);
+                break;
             }
         };
         waited_ns += fgpu_common::clock::mono_ns().saturating_sub(w0);
-        let mut tries = 0;
-        while let Err(e) = backing::map(r.va, r.size, h, r.ord) {
-            tries += 1;
-            if tries >= BROKEN_TRIES {
-                backing::release(h);
-                account::release(r.idx, r.size);
-                broken = Some(Broken {
-                    call: e.call,
-                    rc: e.rc,
-                });
-                break 'records;
-            }
-            stuck(&format_args!("{} failed ({})", e.call, e.rc));
+        if let Err(b) = retried(&mut stuck, |_| backing::map(r.va, r.size, h, r.ord)) {
+            backing::release(h);
+            account::release(r.idx, r.size);
+            broken = Some(b);
+            break;
         }
         let s = match streams.iter().find(|(c, _)| *c == r.ctx) {
             Some(&(_, s)) => Some(s),
@@ -116,25 +129,19 @@ pub(super) fn unpark() {
         if let Err(e) = copied.and_then(|r| r) {
             // The host copy stays until the copy is made: try again synchronously.
             crate::log::error!("unparking: {} failed ({}); copying again", e.call, e.rc);
-            let mut tries = 1;
-            while let Err(e) = backing::in_ctx(r.ctx, || {
-                backing::copy_in(r.va, r.host, r.size, std::ptr::null_mut())
-                    .and_then(|()| backing::sync())
-            })
-            .and_then(|r| r)
-            {
-                tries += 1;
-                if tries >= BROKEN_TRIES {
-                    backing::unmap(r.va, r.size);
-                    backing::release(h);
-                    account::release(r.idx, r.size);
-                    broken = Some(Broken {
-                        call: e.call,
-                        rc: e.rc,
-                    });
-                    break 'records;
-                }
-                stuck(&format_args!("{} failed ({})", e.call, e.rc));
+            let again = retried(&mut stuck, |_| {
+                backing::in_ctx(r.ctx, || {
+                    backing::copy_in(r.va, r.host, r.size, std::ptr::null_mut())
+                        .and_then(|()| backing::sync())
+                })
+                .and_then(|r| r)
+            });
+            if let Err(b) = again {
+                backing::unmap(r.va, r.size);
+                backing::release(h);
+                account::release(r.idx, r.size);
+                broken = Some(b);
+                break;
             }
         }
         r.handle = h;
