@@ -234,6 +234,57 @@ fn privileged_a_container_asking_for_room_it_does_not_need_parks_nobody() {
     assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
 }
 
+/// A hostile container says, in every slot it can write, that it holds `u64::MAX` bytes
+/// of every device in host memory: the agent counts at most what it could have parked (its
+/// limit, 1500 MiB), so the host budget (2 GiB here) still has room for an idle neighbour's
+/// 512 MiB, which is parked for a third container's allocation, and no sum overflows.
+#[test]
+fn privileged_forged_parked_figures_do_not_use_up_the_host_budget() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkclaim");
+    let _agent = w.agent_seeing_with("2GiB", &["--park-host-memory", "2GiB"]);
+    let a_cg = Cgroup::new("parkclaim-a");
+    let b_cg = Cgroup::new("parkclaim-b");
+    let h_cg = Cgroup::new("parkclaim-h");
+    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+    w.set_limits(&h_cg, &["--memory", "1500MiB", "--park-after", "1h"]);
+    w.set_limit(&b_cg, "1500MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &[
+            "alloc", "256MiB", "alloc", "256MiB", "fill", "0", "7", "launch", "1", "empty", "hold",
+            "check", "0", "7",
+        ],
+    );
+    a.expect("ready");
+    let mut h = w.client(&h_cg, &SIM, "forge-parked", &["8000"]);
+    h.expect("forge-parked ready");
+    let hr = w.status_row(&h_cg);
+    assert_eq!(
+        hr["parked_bytes"],
+        1500u64 << 20,
+        "capped at its limit: {hr}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // 2 GiB - 3 × 300 MiB of contexts - a's 512 MiB - h's 64 MiB = 572 MiB free: b's
+    // second 512 MiB fits only once a is parked.
+    let mut b = w.load(&b_cg, &SIM, &["alloc", "512MiB", "alloc", "512MiB", "hold"]);
+    b.expect("ready");
+    assert_eq!(allocs(&b.lines), vec![Ok(512 << 20), Ok(512 << 20)], "b");
+    let ar = w.status_row(&a_cg);
+    assert_eq!(ar["parked_bytes"], 512u64 << 20, "{ar}");
+    let h = h.finish();
+    assert!(h.line("forge-parked done").contains("writes="), "{h}");
+    let b = b.finish();
+    assert_eq!(b.code, Some(0), "{b}");
+    a.release();
+    let a = a.finish();
+    assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
+}
+
 /// A parked container's process is killed while parked: its slot is taken back, nothing of
 /// it stays counted in host memory, and its neighbour goes on.
 #[test]

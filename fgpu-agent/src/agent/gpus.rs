@@ -133,6 +133,14 @@ impl Gpus {
         Some(nvml.device_by_index(g.index).ok()?.memory_info().ok()?.free)
     }
 
+    /// The memory of the GPU whose UUID is `uuid` (None: no such GPU here).
+    pub fn memory_of(&self, uuid: &[u8; 16]) -> Option<u64> {
+        self.devices
+            .iter()
+            .find(|g| uuid_bytes(&g.uuid).as_ref() == Some(uuid))
+            .map(|g| g.memory_total_bytes)
+    }
+
     /// The largest device's memory, if any device is known.
     pub fn largest_memory(&self) -> Option<u64> {
         self.devices.iter().map(|g| g.memory_total_bytes).max()

@@ -89,7 +89,7 @@ fn observe(all: &[Arc<CgroupLedger>], seen: &mut Seen, figures: &ParkFigures) {
                 let cf = f.per_cgroup.entry(c.cgroup.clone()).or_default();
                 if now[1] > before[1] {
                     cf.parks += now[1] - before[1];
-                    cf.parked_bytes += l.parked_bytes(s);
+                    cf.parked_bytes = cf.parked_bytes.saturating_add(l.parked_bytes(s));
                     let secs = sp.last_park_ns.load(SeqCst) as f64 / 1e9;
                     f.park.observe(secs);
                 }
@@ -210,15 +210,10 @@ struct Broker<'f> {
 }
 
 /// Bytes every container holds in host memory now.
-fn parked_now(all: &[Arc<CgroupLedger>]) -> u64 {
+fn parked_now(all: &[Arc<CgroupLedger>], gpus: &Gpus) -> u64 {
     all.iter()
-        .map(|c| {
-            let l = c.ledger();
-            (0..l.slots_in_range())
-                .map(|s| l.parked_bytes(s))
-                .sum::<u64>()
-        })
-        .sum()
+        .map(|c| c.ledger().parked_total(|u| gpus.memory_of(u)))
+        .fold(0, u64::saturating_add)
 }
 
 /// Tells every ledger how many other containers are parkable, so that a shim whose
@@ -294,10 +289,10 @@ impl Broker<'_> {
                     others.iter().filter_map(|c| candidate(c, &uuid)).collect();
                 // What the asker has parked comes back once room is made: it does not count
                 // against the host memory the one parked for it may take.
-                let asker_parked: u64 = (0..l.slots_in_range()).map(|s| l.parked_bytes(s)).sum();
+                let asker_parked = l.parked_total(|u| self.gpus.memory_of(u));
                 let host_left = self
                     .host_budget
-                    .saturating_sub(parked_now(&all).saturating_sub(asker_parked));
+                    .saturating_sub(parked_now(&all, self.gpus).saturating_sub(asker_parked));
                 let chosen = pick(&cands, now_ms, host_left).and_then(|i| {
                     others
                         .iter()
@@ -354,7 +349,10 @@ impl Broker<'_> {
             .iter()
             .any(|&s| l.slot_park(s).result.load(SeqCst) == PARK_OK);
         if ok {
-            let bytes: u64 = slots.iter().map(|&s| l.parked_bytes(s)).sum();
+            let bytes = slots
+                .iter()
+                .map(|&s| l.parked_bytes(s))
+                .fold(0, u64::saturating_add);
             tracing::info!(
                 event = "parked",
                 cgroup = %p.target.cgroup,

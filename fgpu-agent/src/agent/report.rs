@@ -58,10 +58,7 @@ pub fn of(state: &State) -> StatusReport {
     // A parked container holds no GPU memory the kernel sees, but it still has a row: its
     // memory is in host memory (docs/parking.md).
     for (cgroup, l) in &ledgers {
-        let parked = {
-            let lg = l.ledger();
-            (0..lg.slots_in_range()).any(|s| lg.parked_bytes(s) > 0)
-        };
+        let parked = l.ledger().parked_total(|u| state.gpus().memory_of(u)) > 0;
         if parked && !report.cgroups.iter().any(|r| &r.cgroup == cgroup) {
             report.cgroups.push(CgroupStatus {
                 cgroup_id: l.cgroup_id,
@@ -97,7 +94,7 @@ pub fn of(state: &State) -> StatusReport {
         let ledger = super::budget::ledger_for(&limits, &row.cgroup);
         if let Some(l) = ledgers.get(&ledger) {
             row.alloc_denied = l.denied();
-            parking(row, l.ledger());
+            parking(row, l.ledger(), state.gpus());
             row.ledger = Some(ledger);
         }
     }
@@ -107,16 +104,16 @@ pub fn of(state: &State) -> StatusReport {
 
 /// What `row`'s ledger says of parking: whether it is parkable, what its processes hold in
 /// host memory, what pins them, how often they parked (docs/parking.md).
-fn parking(row: &mut CgroupStatus, l: &fgpu_common::ledger::Ledger) {
+fn parking(row: &mut CgroupStatus, l: &fgpu_common::ledger::Ledger, gpus: &Gpus) {
     use std::sync::atomic::Ordering::SeqCst;
     row.park_after_ms = l.park_after_ms();
     let mut pins = 0u32;
+    row.parked_bytes = l.parked_total(|u| gpus.memory_of(u));
     for s in (0..l.slots_in_range()).filter(|&s| l.slot_in_use(s)) {
         let sp = l.slot_park(s);
-        row.parked_bytes += l.parked_bytes(s);
         pins |= sp.pinned.load(SeqCst);
-        row.parks += sp.parks.load(SeqCst);
-        row.unparks += sp.unparks.load(SeqCst);
+        row.parks = row.parks.saturating_add(sp.parks.load(SeqCst));
+        row.unparks = row.unparks.saturating_add(sp.unparks.load(SeqCst));
     }
     row.park_pinned = fgpu_common::ledger::park::pin::names(pins)
         .into_iter()

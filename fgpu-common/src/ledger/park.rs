@@ -22,6 +22,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
 use super::{Ledger, MAX_DEVICES};
 
+/// The most a slot is taken at its word for having parked from one device it has no memory
+/// limit on (1 TiB: more than any GPU holds), so that its figures never overflow a sum.
+pub const PARKED_CLAIM_CAP: u64 = 1 << 40;
+
 /// [`SlotPark::phase`]: the process's device memory is on the device.
 pub const RESIDENT: u32 = 0;
 /// Copying out (its launches and copies wait).
@@ -168,14 +172,44 @@ impl Ledger {
         &self.slots[slot].park
     }
 
-    /// Bytes `slot` holds in host memory, all devices.
+    /// Bytes `slot` says it holds in host memory, all devices, each device's figure capped
+    /// at the device's memory limit (at most [`PARKED_CLAIM_CAP`]): the slot's own word, for
+    /// its own figures (events, counters); [`Ledger::parked_total`] is what the agent counts.
     pub fn parked_bytes(&self, slot: usize) -> u64 {
-        self.slots[slot]
-            .park
-            .parked
-            .iter()
-            .map(|b| b.load(SeqCst))
-            .sum()
+        (0..MAX_DEVICES)
+            .map(|d| {
+                self.slots[slot].park.parked[d]
+                    .load(SeqCst)
+                    .min(self.claim_cap(d))
+            })
+            .fold(0, u64::saturating_add)
+    }
+
+    /// What the agent counts of the container's memory in host memory (status, the broker's
+    /// host budget). Each process writes its own figures into its slot, and a hostile one may
+    /// write anything, including device records it bound itself, so: only a parkable
+    /// container's figures count (no other is ever parked), and each device's sum over the
+    /// slots (saturating) is capped at what the container could have had there to park: the
+    /// device's memory limit, and the size of the real GPU the record is bound to
+    /// (`device_memory` of its UUID; None, an unknown GPU: nothing).
+    pub fn parked_total(&self, device_memory: impl Fn(&[u8; 16]) -> Option<u64>) -> u64 {
+        if self.park_after_ms().is_none() {
+            return 0;
+        }
+        (0..MAX_DEVICES)
+            .map(|d| {
+                let cap = device_memory(&self.device_uuid(d)).unwrap_or(0);
+                (0..self.slots_in_range())
+                    .map(|s| self.slots[s].park.parked[d].load(SeqCst))
+                    .fold(0, u64::saturating_add)
+                    .min(self.claim_cap(d).min(cap))
+            })
+            .fold(0, u64::saturating_add)
+    }
+
+    /// The most a container's processes can have parked from device `d`.
+    fn claim_cap(&self, d: usize) -> u64 {
+        self.limit(d).min(PARKED_CLAIM_CAP)
     }
 }
 

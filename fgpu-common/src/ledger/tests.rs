@@ -170,3 +170,41 @@ fn reclaim_forgets_a_dead_processs_compute_state() {
     assert_eq!(l.activity(4, 50, 10), Activity::default());
     assert_eq!(l.slots_in_range(), 3);
 }
+
+#[test]
+fn forged_parked_figures_are_capped_and_never_overflow() {
+    let l = ledger();
+    l.claim(0, 100);
+    l.claim(1, 101);
+    let gpu = [7u8; 16];
+    assert_eq!(l.device_index(&gpu), Some(0));
+    // A record the container bound to a GPU that is not here.
+    assert_eq!(l.device_index(&[9u8; 16]), Some(1));
+    let sizes = |u: &[u8; 16]| (*u == gpu).then_some(140u64 << 30);
+    // Two slots claim everything on every device.
+    for s in [0, 1] {
+        for d in 0..MAX_DEVICES {
+            l.slots[s].park.parked[d].store(u64::MAX, SeqCst);
+        }
+    }
+    // Not parkable: nothing counts (no such container is ever parked).
+    assert_eq!(l.parked_total(sizes), 0);
+    l.limits.park.park_after_ms.store(1000, SeqCst);
+    // No limit: at most the real GPU's size; the record of no real GPU: nothing.
+    assert_eq!(l.parked_total(sizes), 140 << 30);
+    // A limit of 1 GiB: at most that.
+    l.limits.devices[0].memory_limit.store(1 << 30, SeqCst);
+    assert_eq!(l.parked_total(sizes), 1 << 30);
+    // A slot's own figure: capped by the limit, never overflowing.
+    assert_eq!(l.parked_bytes(0), (1 << 30) + 15 * park::PARKED_CLAIM_CAP);
+    // Honest figures pass unchanged.
+    for s in [0, 1] {
+        for d in 0..MAX_DEVICES {
+            l.slots[s].park.parked[d].store(0, SeqCst);
+        }
+    }
+    l.slots[0].park.parked[0].store(300 << 20, SeqCst);
+    l.slots[1].park.parked[0].store(200 << 20, SeqCst);
+    assert_eq!(l.parked_total(sizes), 500 << 20);
+    assert_eq!(l.parked_bytes(1), 200 << 20);
+}

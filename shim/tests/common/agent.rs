@@ -88,6 +88,11 @@ impl AgentWorld {
     /// [`AgentWorld::agent`] whose simulated NVML sees this world's device, of `memory`
     /// (the size its tenants are given with `FGPU_SIM_MEMORY`).
     pub fn agent_seeing(&self, memory: &str) -> Agent {
+        self.agent_seeing_with(memory, &[])
+    }
+
+    /// [`AgentWorld::agent_seeing`] with more arguments for `fgpu agent`.
+    pub fn agent_seeing_with(&self, memory: &str, args: &[&str]) -> Agent {
         let log = self
             .state_dir
             .with_file_name(format!("agent-{}.log", unique("log")));
@@ -101,7 +106,7 @@ impl AgentWorld {
                 bpf_dir: &self.bpf_dir,
                 log: &log,
             },
-            &[],
+            args,
             &[("FGPU_SIM_STATE", &state), ("FGPU_SIM_MEMORY", memory)],
         )
     }

@@ -4,7 +4,8 @@
 //! point from `cuGetProcAddress_v2`. One output line per result.
 //!
 //! Modes: `race THREADS CHUNK_MIB CHURN`, `fork`, `fork-fresh`, `nvml2`, `rtld`, `probe`,
-//! `watch-total`, `tamper`, `forged-hello KIND`, `forge-compute MS`.
+//! `watch-total`, `tamper`, `forged-hello KIND`, `forge-compute MS`, `forge-room MS MIB`,
+//! `forge-parked MS`.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -554,20 +555,16 @@ fn forged_hello(args: &[u64]) {
 /// `forge done writes=N heartbeats=[..]`. `forge-compute MS 1` (quiet) writes only the
 /// queued work — batches in flight that never complete, no stamps, no GPU time: a tenant
 /// that sits still while its page says it is busy (to bank device time and spend it later).
-/// `forge-room MS MIB`: takes the agent's ledger (an allocation through the shim), then for
-/// MS ms asks for MIB MiB of room on device record 0 in every slot it can write (its usage
-/// memfd), bumping the request's sequence each time, though it needs nothing. `forge-room
-/// done writes=N`.
-fn forge_room(args: &[u64]) {
+/// Takes the agent's ledger (an allocation through the shim), then maps the usage part of it
+/// read-write (its usage memfd, which is handed out read-write) and returns each of the
+/// first 16 slots' parking records in it; `what` names the output lines.
+fn own_slot_parks(what: &str) -> Vec<&'static fgpu_common::ledger::park::SlotPark> {
     use fgpu_common::ledger::park::SlotPark;
     use fgpu_common::ledger::{PAGE, SLOTS_OFFSET, Slot};
-    use std::sync::atomic::Ordering::SeqCst;
-    let ms = args.first().copied().unwrap_or(3000);
-    let bytes = args.get(1).copied().unwrap_or(512) << 20;
     let cuda = Cuda::open().expect("libcuda.so.1");
     let ctx = cuda.context().expect("context");
     cuda.set_current(ctx);
-    out(format!("forge-room alloc {:?}", cuda.alloc(64 << 20)));
+    out(format!("{what} alloc {:?}", cuda.alloc(64 << 20)));
     let usage = own_memfd("fgpu-usage").expect("a usage memfd from the agent");
     let size = fgpu_common::ledger::USAGE_SIZE;
     // SAFETY: a new shared mapping of our own usage memfd (it is handed out read-write).
@@ -582,15 +579,30 @@ fn forge_room(args: &[u64]) {
         )
     };
     assert_ne!(u, libc::MAP_FAILED);
-    let start = std::time::Instant::now();
-    let mut writes = 0u64;
-    while start.elapsed() < std::time::Duration::from_millis(ms) {
-        for slot in 0..16 {
+    (0..16)
+        .map(|slot| {
             let at = u as usize + SLOTS_OFFSET - PAGE
                 + slot * std::mem::size_of::<Slot>()
                 + std::mem::offset_of!(Slot, park);
-            // SAFETY: a slot's parking record inside our mapping of the usage part (aligned).
-            let sp = unsafe { &*(at as *const SlotPark) };
+            // SAFETY: a slot's parking record inside our mapping of the usage part
+            // (aligned), mapped for the rest of the process's life.
+            unsafe { &*(at as *const SlotPark) }
+        })
+        .collect()
+}
+
+/// `forge-room MS MIB`: for MS ms asks for MIB MiB of room on device record 0 in every slot
+/// it can write, bumping the request's sequence each time, though it needs nothing.
+/// `forge-room done writes=N`.
+fn forge_room(args: &[u64]) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let ms = args.first().copied().unwrap_or(3000);
+    let bytes = args.get(1).copied().unwrap_or(512) << 20;
+    let parks = own_slot_parks("forge-room");
+    let start = std::time::Instant::now();
+    let mut writes = 0u64;
+    while start.elapsed() < std::time::Duration::from_millis(ms) {
+        for sp in &parks {
             sp.need_dev.store(0, SeqCst);
             sp.need_bytes.store(bytes, SeqCst);
             sp.need_seq.fetch_add(1, SeqCst);
@@ -599,6 +611,31 @@ fn forge_room(args: &[u64]) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     out(format!("forge-room done writes={writes}"));
+}
+
+/// `forge-parked MS`: for MS ms says, in every slot it can write, that it holds
+/// `u64::MAX` bytes of every device in host memory (it holds nothing there), then
+/// `forge-parked ready` once the first round is written, and `forge-parked done
+/// writes=N`.
+fn forge_parked(args: &[u64]) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let ms = args.first().copied().unwrap_or(3000);
+    let parks = own_slot_parks("forge-parked");
+    let start = std::time::Instant::now();
+    let mut writes = 0u64;
+    while start.elapsed() < std::time::Duration::from_millis(ms) {
+        for sp in &parks {
+            for b in &sp.parked {
+                b.store(u64::MAX, SeqCst);
+            }
+            writes += 1;
+        }
+        if writes == parks.len() as u64 {
+            out("forge-parked ready".into());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    out(format!("forge-parked done writes={writes}"));
 }
 
 fn forge_compute(args: &[u64]) {
@@ -697,6 +734,7 @@ pub fn main() -> bool {
         "forged-hello" => forged_hello(&args),
         "forge-compute" => forge_compute(&args),
         "forge-room" => forge_room(&args),
+        "forge-parked" => forge_parked(&args),
         other => panic!("unknown client mode {other}"),
     }
     true
