@@ -146,15 +146,15 @@ pub fn enter() -> Door {
         return Door(false);
     }
     loop {
-        if !PARKABLE.load(SeqCst) {
-            return Door(false); // an unpark gave up (unpark::give_up)
-        }
         INFLIGHT.fetch_add(1, SeqCst);
         if PHASE.load(SeqCst) == RESIDENT {
             touch();
             return Door(true);
         }
         INFLIGHT.fetch_sub(1, SeqCst);
+        if !PARKABLE.load(SeqCst) {
+            return Door(false); // an unpark gave up (unpark::give_up)
+        }
         let t0 = fgpu_common::clock::mono_ns();
         unpark();
         if let Some((l, slot)) = ledger::get() {
