@@ -50,6 +50,7 @@ trampolines! {
     cuDeviceGetUuid => device::cu_device_get_uuid;
     cuDeviceGetUuid_v2 => device::cu_device_get_uuid;
     cuDeviceGetAttribute => device::cu_device_get_attribute;
+    cuDeviceCanAccessPeer => device::cu_device_can_access_peer;
     cuDeviceTotalMem => device::cu_device_total_mem;
     cuDeviceTotalMem_v2 => device::cu_device_total_mem;
     cuDevicePrimaryCtxRetain => context::cu_device_primary_ctx_retain;

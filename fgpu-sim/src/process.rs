@@ -74,12 +74,15 @@ pub struct VmmHandle {
     pub data: Bytes,
 }
 
-/// One `cuMemMap`: `size` bytes of `handle`, from `offset` into it.
+/// One `cuMemMap`: `size` bytes of `handle`, from `offset` into it, and which devices may
+/// read and write it (bit per device index; none until `cuMemSetAccess`, see `cuda::vmm`).
 #[derive(Clone, Copy, Debug)]
 pub struct Mapping {
     pub size: u64,
     pub handle: u64,
     pub offset: u64,
+    pub read: u64,
+    pub write: u64,
 }
 
 /// The object that holds a device address's bytes.
@@ -91,14 +94,18 @@ pub enum Backing {
     Physical(u64),
 }
 
-/// A device address resolved: its object and offset there, and the allocation or mapping
-/// that contains it (`base`, `size`).
+/// A device address resolved: its object and offset there, the allocation or mapping
+/// that contains it (`base`, `size`), and the devices that may read and write it (every
+/// device for a linear allocation: copies between devices are staged by the driver; a VMM
+/// mapping's own access rights otherwise).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Resolved {
     pub backing: Backing,
     pub offset: u64,
     pub base: u64,
     pub size: u64,
+    pub read: u64,
+    pub write: u64,
 }
 
 impl Resolved {
@@ -302,6 +309,8 @@ impl Local {
                 offset: ptr - base,
                 base,
                 size: a.size,
+                read: u64::MAX,
+                write: u64::MAX,
             });
         }
         let (&base, m) = self.mappings.range(..=ptr).next_back()?;
@@ -310,6 +319,8 @@ impl Local {
             offset: m.offset + (ptr - base),
             base,
             size: m.size,
+            read: m.read,
+            write: m.write,
         })
     }
 

@@ -548,7 +548,7 @@ fn vmm_contents_belong_to_the_handle_and_honour_the_map_offset() {
     type Reserve = unsafe extern "C" fn(*mut u64, usize, usize, u64, u64) -> i32;
     type Map = unsafe extern "C" fn(u64, usize, usize, u64, u64) -> i32;
     // SAFETY: the documented signatures of these entry points.
-    let (create, release, reserve, map, unmap, htod, dtoh, range) = unsafe {
+    let (create, release, reserve, map_only, unmap, htod, dtoh, range, access) = unsafe {
         (
             lib.f::<Create>("cuMemCreate"),
             lib.f::<unsafe extern "C" fn(u64) -> i32>("cuMemRelease"),
@@ -560,7 +560,22 @@ fn vmm_contents_belong_to_the_handle_and_honour_the_map_offset() {
             lib.f::<unsafe extern "C" fn(*mut u64, *mut usize, u64) -> i32>(
                 "cuMemGetAddressRange_v2",
             ),
+            lib.f::<unsafe extern "C" fn(u64, usize, *const [i32; 3], usize) -> i32>(
+                "cuMemSetAccess",
+            ),
         )
+    };
+    // Maps and, as every program must, gives device 0 read and write access (a mapping
+    // starts with none: `cuda::vmm::cu_mem_set_access`).
+    let map = |va: u64, n: usize, off: usize, h: u64, f: u64| {
+        // SAFETY: documented signatures; the descriptor is a valid local.
+        unsafe {
+            let rc = map_only(va, n, off, h, f);
+            if rc == 0 {
+                assert_eq!(access(va, n, &[1, 0, 3], 1), 0);
+            }
+            rc
+        }
     };
     let prop = AllocProp {
         alloc_type: 1,

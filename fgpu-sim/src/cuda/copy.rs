@@ -12,6 +12,10 @@
 //! - a range that starts inside an allocation but runs past its end is
 //!   CUDA_ERROR_INVALID_VALUE (not sticky). A range may run from one VMM mapping into the
 //!   next one where they are contiguous, as virtual addresses are;
+//! - a VMM mapping is touched only by devices given access to it (`cuMemSetAccess`, see
+//!   `cuda::vmm`): a copy or memset in a context on another device is an illegal address,
+//!   as above; linear allocations are reachable from every device's context (the driver
+//!   stages copies between devices without peer access);
 //! - zero bytes copy nothing and succeed once the context is valid;
 //! - the async variants copy at once (no kernel in the simulator reads or writes data, so
 //!   stream order cannot be observed), after checking the stream. A stream in capture is
@@ -25,12 +29,22 @@ use crate::data::Bytes;
 use crate::ffi::put;
 use crate::process::{Backing, Local, local};
 
-/// One piece of a device range inside one backing object.
+/// One piece of a device range inside one backing object, and the devices that may read
+/// and write it there.
 #[derive(Clone, Copy, Debug)]
 struct Piece {
     backing: Backing,
     offset: u64,
     len: u64,
+    read: u64,
+    write: u64,
+}
+
+/// What an access does with a range.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Read,
+    Write,
 }
 
 /// The pieces of `[ptr, ptr + n)`, or the error the access raises.
@@ -44,6 +58,8 @@ fn pieces(l: &Local, ptr: u64, n: u64) -> Result<Vec<Piece>, CUresult> {
             backing: r.backing,
             offset: r.offset,
             len,
+            read: r.read,
+            write: r.write,
         });
         (at, left) = (at + len, left - len);
         if left == 0 {
@@ -59,14 +75,29 @@ fn pieces(l: &Local, ptr: u64, n: u64) -> Result<Vec<Piece>, CUresult> {
     }
 }
 
-/// Resolves a device range for an access by the current context; an illegal address
-/// poisons that context.
-fn access(l: &mut Local, dev: usize, ptr: u64, n: u64) -> Result<Vec<Piece>, CUresult> {
-    pieces(l, ptr, n).inspect_err(|&e| {
-        if e == CUDA_ERROR_ILLEGAL_ADDRESS {
-            l.poisoned[dev] = true;
-        }
-    })
+/// Resolves a device range for an access by the current context (on device `dev`); an
+/// illegal address poisons that context. VMM memory the device was given no access to
+/// (`cuMemSetAccess`, see `cuda::vmm`) is an illegal address for it, as memory its page
+/// tables do not map.
+fn access(l: &mut Local, dev: usize, ptr: u64, n: u64, want: Want) -> Result<Vec<Piece>, CUresult> {
+    let bit = 1u64 << dev;
+    pieces(l, ptr, n)
+        .and_then(|ps| {
+            let allowed = |p: &Piece| match want {
+                Want::Read => p.read & bit != 0,
+                Want::Write => p.write & bit != 0,
+            };
+            if ps.iter().all(allowed) {
+                Ok(ps)
+            } else {
+                Err(CUDA_ERROR_ILLEGAL_ADDRESS)
+            }
+        })
+        .inspect_err(|&e| {
+            if e == CUDA_ERROR_ILLEGAL_ADDRESS {
+                l.poisoned[dev] = true;
+            }
+        })
 }
 
 fn store(l: &mut Local, b: Backing) -> Result<&mut Bytes, CUresult> {
@@ -118,7 +149,7 @@ pub(super) fn htod(
     if src.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let pieces = access(l, dev, dst, n as u64)?;
+    let pieces = access(l, dev, dst, n as u64, Want::Write)?;
     // SAFETY: a non-NULL host pointer valid for `n` bytes per the API contract
     // (`crate::ffi`); it cannot alias simulated device memory, which is Rust-owned.
     let src = unsafe { std::slice::from_raw_parts(src, n) };
@@ -139,7 +170,7 @@ pub(super) fn dtoh(
     if dst.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let pieces = access(l, dev, src, n as u64)?;
+    let pieces = access(l, dev, src, n as u64, Want::Read)?;
     // SAFETY: a non-NULL host pointer valid for `n` bytes of writes (API contract).
     unsafe { read_pieces(l, &pieces, dst) }
 }
@@ -150,8 +181,8 @@ fn dtod(l: &mut Local, dev: usize, dst: u64, src: u64, n: usize) -> Result<(), C
     if n == 0 {
         return Ok(());
     }
-    access(l, dev, src, n)?;
-    access(l, dev, dst, n)?;
+    access(l, dev, src, n, Want::Read)?;
+    access(l, dev, dst, n, Want::Write)?;
     let mut buf = vec![0u8; n.min(STEP) as usize];
     let mut done = 0;
     while done < n {
@@ -171,7 +202,7 @@ fn fill(l: &mut Local, dev: usize, dst: u64, pattern: &[u8], n: u64) -> Result<(
     if n == 0 {
         return Ok(());
     }
-    access(l, dev, dst, n)?;
+    access(l, dev, dst, n, Want::Write)?;
     let buf: Vec<u8> = pattern
         .iter()
         .copied()

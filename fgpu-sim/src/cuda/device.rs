@@ -98,6 +98,26 @@ pub extern "C" fn cu_device_get_uuid(out: *mut [u8; 16], dev: CUdevice) -> CUres
     }))
 }
 
+/// `cuDeviceCanAccessPeer(out, dev, peer)`: 1 for two different devices (the simulated
+/// GPUs are all linked to each other), 0 for a device and itself, as the CUDA Driver API
+/// reference (Peer Context Memory Access) says: a device is not its own peer.
+pub extern "C" fn cu_device_can_access_peer(
+    out: *mut i32,
+    dev: CUdevice,
+    peer: CUdevice,
+) -> CUresult {
+    match (device_index(dev), device_index(peer)) {
+        (Ok(a), Ok(b)) => {
+            if put(out, i32::from(a != b)) {
+                CUDA_SUCCESS
+            } else {
+                CUDA_ERROR_INVALID_VALUE
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => e,
+    }
+}
+
 pub extern "C" fn cu_device_total_mem(out: *mut usize, dev: CUdevice) -> CUresult {
     rc(device_index(dev).and_then(|_| {
         let total = shared().map_or(0, Shared::memory) as usize;

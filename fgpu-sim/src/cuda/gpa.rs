@@ -51,6 +51,7 @@ static TABLE: &[Row] = &[
     r("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
     r("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
     r("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    r("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer),
     r("cuDeviceTotalMem", 2000, cuDeviceTotalMem),
     r("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
     r("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),

@@ -165,6 +165,8 @@ pub extern "C" fn cu_mem_map(
             size,
             handle: h,
             offset,
+            read: 0,
+            write: 0,
         },
     );
     CUDA_SUCCESS
@@ -188,17 +190,84 @@ pub extern "C" fn cu_mem_unmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     CUDA_SUCCESS
 }
 
+/// `CUmemAccessDesc`: a location (type, id) and the access flags.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AccessDesc {
+    pub location_type: i32,
+    pub location_id: i32,
+    pub flags: i32,
+}
+
+/// `CU_MEM_ACCESS_FLAGS_PROT_NONE`, `_READ`, `_READWRITE`.
+const PROT_NONE: i32 = 0;
+const PROT_READ: i32 = 1;
+const PROT_READWRITE: i32 = 3;
+
+/// `cuMemSetAccess(ptr, size, desc, count)`: sets, for each device a descriptor names, what
+/// it may do with the mappings in the range. Modelled after the CUDA Programming Guide
+/// (Virtual Memory Management, "Controlling Access Rights"): a new mapping is accessible
+/// from no device until access is set, the device that owns the memory included; access is
+/// per device and per range, and a context's peer access (`cuCtxEnablePeerAccess`) does not
+/// extend to such memory, so a device not named here cannot touch it: an access from a
+/// context on that device is an illegal address in `cuda::copy` (UCX met the same on real
+/// GPUs: openucx/ucx pull request 11265, cross-device copies of VMM memory failing for want
+/// of access rights). The range must lie in a reservation and hold at least one mapping;
+/// every mapping it touches is set.
 pub extern "C" fn cu_mem_set_access(
     ptr: CUdeviceptr,
     size: usize,
-    desc: *const u8,
+    desc: *const AccessDesc,
     count: usize,
 ) -> CUresult {
-    let l = local();
-    if desc.is_null() || count == 0 || !reserved(&l, ptr, size as u64) {
+    let size = size as u64;
+    if desc.is_null() || count == 0 {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    CUDA_SUCCESS
+    // SAFETY: the caller passes `count` descriptors (API contract, as `crate::ffi` trusts
+    // host pointers); checked non-null above.
+    let descs = unsafe { std::slice::from_raw_parts(desc, count) };
+    let mut set = Vec::with_capacity(count);
+    for d in descs {
+        if d.location_type != LOCATION_DEVICE {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let Ok(dev) = device::device_index(d.location_id) else {
+            return CUDA_ERROR_INVALID_DEVICE;
+        };
+        let (r, w) = match d.flags {
+            PROT_NONE => (false, false),
+            PROT_READ => (true, false),
+            PROT_READWRITE => (true, true),
+            _ => return CUDA_ERROR_INVALID_VALUE,
+        };
+        set.push((1u64 << dev, r, w));
+    }
+    let mut l = local();
+    if !reserved(&l, ptr, size) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let end = ptr + size;
+    let first = l
+        .mappings
+        .range(..ptr)
+        .next_back()
+        .filter(|(s, m)| *s + m.size > ptr)
+        .map(|(&s, _)| s)
+        .unwrap_or(ptr);
+    let mut touched = false;
+    for (_, m) in l.mappings.range_mut(first..end) {
+        touched = true;
+        for &(bit, r, w) in &set {
+            m.read = if r { m.read | bit } else { m.read & !bit };
+            m.write = if w { m.write | bit } else { m.write & !bit };
+        }
+    }
+    if touched {
+        CUDA_SUCCESS
+    } else {
+        CUDA_ERROR_INVALID_VALUE
+    }
 }
 
 pub extern "C" fn cu_mem_get_allocation_granularity(

@@ -164,7 +164,9 @@ pub extern "C" fn hip_mem_set_access(
     desc: *const u8,
     count: usize,
 ) -> HipError {
-    call(|_| vmm::cu_mem_set_access(p as u64, size, desc, count))
+    // hipMemAccessDesc has CUmemAccessDesc's layout and values (location type 1 = device,
+    // flags 3 = read and write).
+    call(|_| vmm::cu_mem_set_access(p as u64, size, desc.cast(), count))
 }
 
 pub extern "C" fn hip_mem_get_allocation_granularity(

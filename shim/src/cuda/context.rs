@@ -142,6 +142,10 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut Handle, dev: CUdevi
     if rc == 0 && CTX_REFS[o].fetch_add(1, SeqCst) == 0 {
         charge_overhead(dev, before);
     }
+    if rc == 0 {
+        // Memory backed for parking is opened to every device the process works on.
+        crate::park::peers::note_device(dev);
+    }
     rc
 }
 

@@ -11,9 +11,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use crate::real::{
-    self, AccessDesc, AllocProp, AllocPropHead, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CUdevice, CUdeviceptr, CUresult,
-    Handle, MemHandle,
+    self, AllocProp, AllocPropHead, CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE,
+    CUdevice, CUdeviceptr, CUresult, Handle, MemHandle,
 };
 
 /// Records at most (a process with more parkable allocations than this pins itself: the
@@ -124,24 +123,24 @@ pub fn create(ord: CUdevice, size: u64) -> Result<MemHandle, Failed> {
     Ok(h)
 }
 
-/// Maps `h` at `va` and makes it readable and writable from `ord`; on failure nothing stays
-/// mapped (the handle is the caller's still).
-pub fn map(va: CUdeviceptr, size: u64, h: MemHandle, ord: CUdevice) -> Result<(), Failed> {
+/// Maps `h` at `va` and makes it readable and writable from `ord` and from the other devices
+/// this process holds a context on that can reach it ([`super::peers`]); on failure nothing
+/// stays mapped (the handle is the caller's still). Returns the devices it was opened to.
+pub fn map(va: CUdeviceptr, size: u64, h: MemHandle, ord: CUdevice) -> Result<u64, Failed> {
     let m = sym(&real::CU_MEM_MAP, "cuMemMap")?;
     let a = sym(&real::CU_MEM_SET_ACCESS, "cuMemSetAccess")?;
     // SAFETY: a range we reserved and physical memory of the same size.
     check("cuMemMap", unsafe { m(va, size as usize, 0, h, 0) })?;
-    let desc = AccessDesc {
-        location_type: CU_MEM_LOCATION_TYPE_DEVICE,
-        location_id: ord,
-        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
-    // SAFETY: the range just mapped; one descriptor.
-    if let Err(e) = check("cuMemSetAccess", unsafe { a(va, size as usize, &desc, 1) }) {
+    let devices = super::peers::devices();
+    let desc = super::peers::open_to(ord, devices);
+    // SAFETY: the range just mapped; `desc.len()` descriptors.
+    if let Err(e) = check("cuMemSetAccess", unsafe {
+        a(va, size as usize, desc.as_ptr(), desc.len())
+    }) {
         unmap(va, size);
         return Err(e);
     }
-    Ok(())
+    Ok(devices)
 }
 
 /// Unmaps `va`; failures are logged (nothing else can be done).

@@ -17,6 +17,7 @@
 //! gate's path instead of the fast path (docs/parking.md, "Costs").
 
 pub mod backing;
+pub mod peers;
 pub mod room;
 mod unpark;
 
@@ -194,6 +195,8 @@ pub fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> Option<CUresult> {
         return None;
     }
     let ord = account::current_ordinal()?;
+    // A context made without the primary context's door (cuCtxCreate) is known from here.
+    peers::note_device(ord);
     let size = backing::rounded(ord, bytes)? as u64;
     let charge = match account::reserve("cuMemAlloc_v2", Some(ord), size) {
         Ok(Some(c)) => c,
@@ -218,11 +221,14 @@ pub fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> Option<CUresult> {
             }
         }
     };
-    if let Err(e) = backing::map(va, size, h, ord) {
-        backing::release(h);
-        backing::free_range(va, size);
-        return fail(e.rc);
-    }
+    let opened = match backing::map(va, size, h, ord) {
+        Ok(d) => d,
+        Err(e) => {
+            backing::release(h);
+            backing::free_range(va, size);
+            return fail(e.rc);
+        }
+    };
     let rec = Rec {
         va,
         size,
@@ -234,6 +240,12 @@ pub fn alloc(dptr: *mut CUdeviceptr, bytes: usize) -> Option<CUresult> {
     };
     RECORDS.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
     COUNT.fetch_add(1, Relaxed);
+    // A context taken on another device while this was mapped walked the records before
+    // this one was in: open it to that device here.
+    let later = peers::devices() & !opened;
+    if later != 0 {
+        peers::open(va, size, ord, later);
+    }
     // SAFETY: the caller's out-pointer (checked non-null).
     unsafe { dptr.write_unaligned(va) };
     Some(0)
@@ -532,4 +544,5 @@ pub fn after_fork_child() {
     COUNT.store(0, Relaxed);
     PHASE.store(RESIDENT, Relaxed);
     INFLIGHT.store(0, Relaxed);
+    peers::reset_in_child();
 }

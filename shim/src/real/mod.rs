@@ -257,6 +257,8 @@ syms! {
     CU_MEM_ADDRESS_FREE Cuda c"cuMemAddressFree": fn(CUdeviceptr, usize) -> CUresult;
     CU_MEM_SET_ACCESS Cuda c"cuMemSetAccess":
         fn(CUdeviceptr, usize, *const AccessDesc, usize) -> CUresult;
+    CU_DEVICE_CAN_ACCESS_PEER Cuda c"cuDeviceCanAccessPeer":
+        fn(*mut c_int, CUdevice, CUdevice) -> CUresult;
     CU_MEM_GET_ALLOCATION_GRANULARITY Cuda c"cuMemGetAllocationGranularity":
         fn(*mut usize, *const AllocProp, c_int) -> CUresult;
     CU_MEM_HOST_ALLOC Cuda c"cuMemHostAlloc": fn(*mut *mut c_void, usize, c_uint) -> CUresult;

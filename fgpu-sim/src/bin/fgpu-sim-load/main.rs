@@ -20,6 +20,8 @@
 //!   unmap IDX | map IDX | remap IDX (a vmm allocation's mapping: unmapped with its
 //!                                reservation kept, mapped again there, or mapped at a fresh
 //!                                reservation that becomes its address); lines: driver/data.rs
+//!   access IDX ORD FLAGS        (cuMemSetAccess of a vmm allocation for ordinal ORD: FLAGS 0
+//!                                none, 1 read, 3 read and write)
 //!   batch-check IDX SEED | batch12-check IDX SEED (as check, read with cuMemcpyBatchAsync_v2 /
 //!                                CUDA 12.8's cuMemcpyBatchAsync) | write-value IDX SEED |
 //!                                wait-value IDX SEED (cuStreamWriteValue32_v2 /
@@ -252,6 +254,16 @@ fn main() {
                 } else {
                     d.map(idx, cmd == "remap");
                 }
+            }
+            "access" => {
+                let idx = num_arg(args.get(i)).unwrap_or(u64::MAX) as usize;
+                let (Some(ord), Some(flags)) = (num_arg(args.get(i + 1)), num_arg(args.get(i + 2)))
+                else {
+                    out(format!("error bad-argument command={cmd}"));
+                    std::process::exit(2);
+                };
+                i += 3;
+                d.access(idx, ord as i32, flags as i32);
             }
             "trim" => d.trim(),
             "info" => d.info(),

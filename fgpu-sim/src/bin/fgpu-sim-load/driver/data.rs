@@ -205,6 +205,26 @@ impl Driver {
         );
     }
 
+    /// `access IDX ORD FLAGS`: cuMemSetAccess of a VMM allocation's range for ordinal ORD
+    /// (FLAGS 0 none, 1 read, 3 read and write).
+    pub(crate) fn access(&mut self, idx: usize, ord: i32, flags: i32) {
+        let Some((ptr, size)) = self.live_vmm("access", idx) else {
+            return;
+        };
+        let d = AccessDesc {
+            location_type: DEVICE,
+            location_id: ord,
+            flags,
+        };
+        // SAFETY: documented signature, a pointer to a valid local.
+        let rc = unsafe { (self.api.mem_set_access)(ptr, size as usize, &d, 1) };
+        self.report(
+            rc,
+            format!("access {idx} ok ordinal={ord} flags={flags}"),
+            format!("access {idx} fail rc={rc}"),
+        );
+    }
+
     fn live_vmm(&mut self, cmd: &str, idx: usize) -> Option<(u64, u64)> {
         if self.allocs.get(idx).is_some_and(|a| a.api != "vmm") {
             self.report(1, String::new(), format!("{cmd} {idx} fail rc=1"));
