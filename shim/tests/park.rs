@@ -91,6 +91,105 @@ fn privileged_an_idle_parkable_tenant_is_parked_for_another_and_comes_back_byte_
     assert!(a.stderr.contains("unparked 512MiB"), "{a}");
 }
 
+/// A parkable tenant working on two GPUs reads each GPU's memory from the other's context,
+/// as it can with `cuMemAlloc` memory: backed memory is opened to every device the process
+/// holds a context on (mapped memory is reachable only from the devices `cuMemSetAccess`
+/// names; the simulator faults any other, as a real GPU does). Memory made before the second
+/// context (opened when it comes) and after it; both again after a park and an unpark,
+/// which maps the memory anew.
+#[test]
+fn privileged_a_parkable_two_gpu_tenant_reaches_each_gpus_memory_from_the_other_before_and_after_a_park()
+ {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkgpus");
+    let _agent = w.agent_seeing_gpus("2GiB", "2", &[]);
+    let env = [
+        ("FGPU_SIM_MEMORY", "2GiB"),
+        ("FGPU_SIM_DEVICES", "2"),
+        ("FGPU_LOG", "info"),
+    ];
+    let a_cg = Cgroup::new("parkgpus-a");
+    let b_cg = Cgroup::new("parkgpus-b");
+    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+    w.set_limit(&b_cg, "1800MiB");
+    // 0: 128 MiB on GPU 0, made before a context on GPU 1 exists; 1: 64 MiB on GPU 1. After
+    // the park, each is read from the other GPU's context first (that read unparks).
+    let mut a = w.load(
+        &a_cg,
+        &env,
+        &[
+            "--error-names",
+            "device",
+            "0",
+            "alloc",
+            "128MiB",
+            "fill",
+            "0",
+            "7",
+            "device",
+            "1",
+            "check",
+            "0",
+            "7",
+            "alloc",
+            "64MiB",
+            "fill",
+            "1",
+            "9",
+            "device",
+            "0",
+            "check",
+            "1",
+            "9",
+            "launch",
+            "1",
+            "empty",
+            "hold",
+            "device",
+            "1",
+            "check",
+            "0",
+            "7",
+            "device",
+            "0",
+            "check",
+            "1",
+            "9",
+        ],
+    );
+    a.expect("ready");
+    let early: Vec<&String> = a.lines.iter().filter(|l| l.starts_with("check")).collect();
+    assert_eq!(early, ["check 0 ok", "check 1 ok"], "{:?}", a.lines);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // GPU 0: 2 GiB - 300 MiB (a's context) - 128 MiB (a) = 1620 MiB free; b needs 1708.
+    let mut b = w.load(
+        &b_cg,
+        &env,
+        &[
+            "alloc", "512MiB", "alloc", "512MiB", "alloc", "384MiB", "hold",
+        ],
+    );
+    b.expect("ready");
+    assert_eq!(
+        allocs(&b.lines),
+        vec![Ok(512 << 20), Ok(512 << 20), Ok(384 << 20)],
+        "b"
+    );
+    let parked = w.status_row(&a_cg);
+    assert_eq!(parked["parked_bytes"], 192u64 << 20, "{parked}");
+    let b = b.finish();
+    assert_eq!(b.code, Some(0), "{b}");
+    a.release();
+    let a = a.finish();
+    assert_eq!(a.code, Some(0), "{a}");
+    let checks: Vec<&String> = a.lines.iter().filter(|l| l.starts_with("check")).collect();
+    assert_eq!(checks.len(), 4, "{a}");
+    assert!(checks.iter().all(|l| l.ends_with(" ok")), "{a}");
+    assert!(a.stderr.contains("unparked 192MiB"), "{a}");
+}
+
 /// The other ways a program has the GPU touch its memory pass the same door as copies and
 /// launches: a parked tenant whose next call is a batched copy (CUDA 13.0's
 /// `cuMemcpyBatchAsync_v2`, CUDA 12.8's `cuMemcpyBatchAsync`) or a stream memory operation

@@ -93,6 +93,12 @@ impl AgentWorld {
 
     /// [`AgentWorld::agent_seeing`] with more arguments for `fgpu agent`.
     pub fn agent_seeing_with(&self, memory: &str, args: &[&str]) -> Agent {
+        self.agent_seeing_gpus(memory, "1", args)
+    }
+
+    /// [`AgentWorld::agent_seeing_with`] on a simulator of `gpus` GPUs (the tenants' loads
+    /// then need `FGPU_SIM_DEVICES` set alike).
+    pub fn agent_seeing_gpus(&self, memory: &str, gpus: &str, args: &[&str]) -> Agent {
         let log = self
             .state_dir
             .with_file_name(format!("agent-{}.log", unique("log")));
@@ -107,7 +113,11 @@ impl AgentWorld {
                 log: &log,
             },
             args,
-            &[("FGPU_SIM_STATE", &state), ("FGPU_SIM_MEMORY", memory)],
+            &[
+                ("FGPU_SIM_STATE", &state),
+                ("FGPU_SIM_MEMORY", memory),
+                ("FGPU_SIM_DEVICES", gpus),
+            ],
         )
     }
 
