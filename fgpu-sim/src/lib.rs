@@ -17,7 +17,10 @@
 //! tests can check data byte for byte across a park (VMM unmap, host copy) and an unpark. An
 //! access to memory that is neither allocated nor mapped, a reserved VMM range with nothing
 //! mapped included, fails with CUDA_ERROR_ILLEGAL_ADDRESS and poisons the context: every
-//! later call on it returns that error, as on a real GPU. Page-locked host memory
+//! later call on it returns that error, as on a real GPU. So does an access from a device to
+//! a VMM mapping that `cuMemSetAccess` gave it no access to (a mapping starts with none; a
+//! write needs read-write access); linear memory is reachable from every device's context,
+//! as the driver stages copies between devices (`cuda::vmm`, `cuda::copy`). Page-locked host memory
 //! (`cuda::host`) is anonymous mappings of the process. Kernels still touch no data.
 
 mod config;
