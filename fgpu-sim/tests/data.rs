@@ -213,19 +213,10 @@ fn touching_a_reserved_range_with_nothing_mapped_is_a_sticky_illegal_address() {
         "1MiB",
     ]);
     assert!(has(&out, "unmap 1 ok"), "{out:?}");
-    assert!(
-        has(&out, "check 1 fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
-        "{out:?}"
-    );
+    assert!(faulted(&out, "check 1"), "{out:?}");
     // Every later call on the context fails the same way, even on good memory.
-    assert!(
-        has(&out, "info fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
-        "{out:?}"
-    );
-    assert!(
-        has(&out, "check 0 fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
-        "{out:?}"
-    );
+    assert!(faulted(&out, "info"), "{out:?}");
+    assert!(faulted(&out, "check 0"), "{out:?}");
     assert!(
         line(&out, "alloc fail").starts_with("alloc fail rc=700"),
         "{out:?}"
@@ -235,10 +226,11 @@ fn touching_a_reserved_range_with_nothing_mapped_is_a_sticky_illegal_address() {
     assert!(has(&other, "check 0 ok"), "{other:?}");
 }
 
-/// Runs the loader on a simulator of two GPUs.
-fn run_two(env: &SimEnv, args: &[&str]) -> Vec<String> {
+/// Runs the loader on a simulator of two GPUs; `args` split at whitespace.
+fn run_two(env: &SimEnv, args: &str) -> Vec<String> {
+    let args: Vec<&str> = args.split_whitespace().collect();
     let out = env
-        .command(args)
+        .command(&args)
         .env("FGPU_SIM_DEVICES", "2")
         .stdin(std::process::Stdio::null())
         .output()
@@ -248,124 +240,43 @@ fn run_two(env: &SimEnv, args: &[&str]) -> Vec<String> {
     text.lines().map(str::to_string).collect()
 }
 
+/// Whether `what` (e.g. `check 0`) failed with a sticky illegal address.
+fn faulted(lines: &[String], what: &str) -> bool {
+    has(
+        lines,
+        &format!("{what} fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
+    )
+}
+
 #[test]
 fn vmm_memory_is_reachable_only_from_the_devices_given_access() {
     let env = SimEnv::new("data-access");
     // Linear memory of device 0 read in device 1's context: the driver stages it.
-    let out = run_two(
-        &env,
-        &[
-            "--error-names",
-            "alloc",
-            "1MiB",
-            "fill",
-            "0",
-            "5",
-            "device",
-            "1",
-            "check",
-            "0",
-            "5",
-        ],
-    );
+    let out = run_two(&env, "--error-names alloc 1MiB fill 0 5 device 1 check 0 5");
     assert!(has(&out, "check 0 ok"), "{out:?}");
     // VMM memory given access for device 0 only (as `alloc-api vmm` does): device 1's
     // context faults on it, and stays broken.
     let out = run_two(
         &env,
-        &[
-            "--error-names",
-            "alloc-api",
-            "vmm",
-            "4MiB",
-            "fill",
-            "0",
-            "6",
-            "device",
-            "1",
-            "check",
-            "0",
-            "6",
-            "info",
-        ],
+        "--error-names alloc-api vmm 4MiB fill 0 6 device 1 check 0 6 info",
     );
     assert!(has(&out, "fill 0 ok bytes=4194304"), "{out:?}");
-    assert!(
-        has(&out, "check 0 fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
-        "{out:?}"
-    );
-    assert!(
-        has(&out, "info fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
-        "{out:?}"
-    );
-    // Given access for device 1 as well, device 1 reads it; read-only access reads but
-    // does not write; access taken away from device 0 faults there.
+    assert!(faulted(&out, "check 0"), "{out:?}");
+    assert!(faulted(&out, "info"), "{out:?}");
+    // Given read access for device 1 as well, device 1 reads it; given read and write, it
+    // writes; access taken away from device 0 faults there.
     let out = run_two(
         &env,
-        &[
-            "--error-names",
-            "alloc-api",
-            "vmm",
-            "4MiB",
-            "fill",
-            "0",
-            "7",
-            "access",
-            "0",
-            "1",
-            "1",
-            "device",
-            "1",
-            "check",
-            "0",
-            "7",
-            "access",
-            "0",
-            "1",
-            "3",
-            "fill",
-            "0",
-            "8",
-            "device",
-            "0",
-            "check",
-            "0",
-            "8",
-            "access",
-            "0",
-            "0",
-            "0",
-            "check",
-            "0",
-            "8",
-        ],
+        "--error-names alloc-api vmm 4MiB fill 0 7 access 0 1 1 device 1 check 0 7 \
+         access 0 1 3 fill 0 8 device 0 check 0 8 access 0 0 0 check 0 8",
     );
     assert!(has(&out, "access 0 ok ordinal=1 flags=1"), "{out:?}");
-    assert!(has(&out, "check 0 ok"), "{out:?}");
     assert!(has(&out, "fill 0 ok bytes=4194304"), "{out:?}");
-    assert_eq!(
-        out.iter().filter(|l| *l == "check 0 ok").count(),
-        2,
-        "{out:?}"
-    );
-    assert!(
-        has(&out, "check 0 fail rc=700 error=CUDA_ERROR_ILLEGAL_ADDRESS"),
-        "{out:?}"
-    );
+    let ok = out.iter().filter(|l| *l == "check 0 ok").count();
+    assert_eq!(ok, 2, "{out:?}");
+    assert!(faulted(&out, "check 0"), "{out:?}");
     // A device that is not there.
-    let out = run_two(
-        &env,
-        &[
-            "--error-names",
-            "alloc-api",
-            "vmm",
-            "2MiB",
-            "access",
-            "0",
-            "5",
-            "3",
-        ],
-    );
+    let out = run_two(&env, "--error-names alloc-api vmm 2MiB access 0 5 3");
     assert!(
         has(&out, "access 0 fail rc=101 error=CUDA_ERROR_INVALID_DEVICE"),
         "{out:?}"
@@ -377,26 +288,9 @@ fn a_write_without_write_access_faults() {
     let env = SimEnv::new("data-readonly");
     let out = run_two(
         &env,
-        &[
-            "--error-names",
-            "alloc-api",
-            "vmm",
-            "2MiB",
-            "access",
-            "0",
-            "1",
-            "1",
-            "device",
-            "1",
-            "fill",
-            "0",
-            "9",
-        ],
+        "--error-names alloc-api vmm 2MiB access 0 1 1 device 1 fill 0 9",
     );
-    assert!(
-        line(&out, "fill 0").starts_with("fill 0 fail rc=700"),
-        "{out:?}"
-    );
+    assert!(faulted(&out, "fill 0"), "{out:?}");
 }
 
 #[test]
