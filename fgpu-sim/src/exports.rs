@@ -112,6 +112,10 @@ trampolines! {
     cuStreamWaitValue64_ptsz => batch::cu_stream_wait_value64;
     cuStreamWaitValue64_v2 => batch::cu_stream_wait_value64;
     cuStreamWaitValue64_v2_ptsz => batch::cu_stream_wait_value64;
+    cuStreamBatchMemOp => batch::cu_stream_batch_mem_op;
+    cuStreamBatchMemOp_ptsz => batch::cu_stream_batch_mem_op;
+    cuStreamBatchMemOp_v2 => batch::cu_stream_batch_mem_op;
+    cuStreamBatchMemOp_v2_ptsz => batch::cu_stream_batch_mem_op;
     cuMemAllocHost_v2 => host::cu_mem_alloc_host;
     cuMemHostAlloc => host::cu_mem_host_alloc;
     cuMemFreeHost => host::cu_mem_free_host;

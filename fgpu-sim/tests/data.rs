@@ -360,6 +360,25 @@ fn batched_copies_and_stream_values_touch_device_memory_like_copies() {
 }
 
 #[test]
+fn a_batch_of_memory_operations_writes_and_waits_like_the_single_calls() {
+    let env = SimEnv::new("data-memops");
+    let args = "--error-names alloc-api vmm 2MiB memset 0 0 mem-ops 0 6 check 0 6 unmap 0 \
+                mem-ops 0 6 info";
+    let out = env.run(&args.split_whitespace().collect::<Vec<_>>());
+    assert!(has(&out, "mem-ops 0 ok"), "{out:?}");
+    // The write put the pattern's first word there and nothing else: the pattern differs
+    // from the fourth byte on, where the memset's zeros are.
+    let at: u64 = line(&out, "check 0")
+        .strip_prefix("check 0 mismatch at ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out:?}"));
+    assert!(at >= 4, "{out:?}");
+    // On memory with nothing mapped (a parked allocation) the batch faults, stickily.
+    assert!(faulted(&out, "mem-ops 0"), "{out:?}");
+    assert!(faulted(&out, "info"), "{out:?}");
+}
+
+#[test]
 fn a_fault_breaks_the_context_for_every_later_call() {
     let env = SimEnv::new("data-fault");
     let out = env.run(&[

@@ -193,7 +193,8 @@ fn privileged_a_parkable_two_gpu_tenant_reaches_each_gpus_memory_from_the_other_
 /// The other ways a program has the GPU touch its memory pass the same door as copies and
 /// launches: a parked tenant whose next call is a batched copy (CUDA 13.0's
 /// `cuMemcpyBatchAsync_v2`, CUDA 12.8's `cuMemcpyBatchAsync`) or a stream memory operation
-/// (`cuStreamWriteValue32_v2`, `cuStreamWaitValue32_v2`) is unparked first, and that call
+/// (`cuStreamWriteValue32_v2`, `cuStreamWaitValue32_v2`, a batch of them through
+/// `cuStreamBatchMemOp_v2`) is unparked first, and that call
 /// sees its data (over unmapped memory the simulator fails it with 700 and poisons the
 /// context).
 #[test]
@@ -203,7 +204,13 @@ fn privileged_batched_copies_and_stream_memory_operations_bring_a_parked_tenant_
     }
     let w = AgentWorld::new("parkops");
     let _agent = w.agent_seeing("2GiB");
-    for op in ["batch-check", "batch12-check", "write-value", "wait-value"] {
+    for op in [
+        "batch-check",
+        "batch12-check",
+        "write-value",
+        "wait-value",
+        "mem-ops",
+    ] {
         let a_cg = Cgroup::new(&format!("parkops-a-{op}"));
         let b_cg = Cgroup::new(&format!("parkops-b-{op}"));
         w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);

@@ -21,8 +21,15 @@
 //!   address, as the GPU's polling does, and returns: its condition is not waited for (no
 //!   kernel runs concurrently in the simulator that could ever change the value).
 //!
-//! Not modelled: `cuStreamBatchMemOp`, the 3D batched copies, and which streams a batch may
-//! be submitted to.
+//! - `cuStreamBatchMemOp(_v2)` takes `count` (1..=256) operations of 48 bytes each
+//!   (`CUstreamBatchMemOpParams`: the operation at offset 0; for a wait or a write the address
+//!   at 8, the value at 16, the flags at 24): WAIT_VALUE_32 (1), WRITE_VALUE_32 (2),
+//!   FLUSH_REMOTE_WRITES (3), WAIT_VALUE_64 (4), WRITE_VALUE_64 (5), BARRIER (6). An unknown
+//!   operation, a NULL array or a count out of range is CUDA_ERROR_INVALID_VALUE before any
+//!   operation runs; the operations then run in order as the single calls above do (a flush
+//!   or a barrier touches no memory), the first failure ending the batch.
+//!
+//! Not modelled: the 3D batched copies, and which streams a batch may be submitted to.
 
 use super::copy::{dtoh, htod, unified, with_stream};
 use super::*;
@@ -188,4 +195,61 @@ pub extern "C" fn cu_stream_wait_value64(
     _f: u32,
 ) -> CUresult {
     read_value(s, addr, 8)
+}
+
+/// `CUstreamBatchMemOpParams` (a union of 48 bytes): a wait's or a write's fields.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemOp {
+    pub operation: u32,
+    pub address: CUdeviceptr,
+    pub value: u64,
+    pub flags: u32,
+    pub alias: CUdeviceptr,
+    pub pad: u64,
+}
+
+const OP_WAIT_32: u32 = 1;
+const OP_WRITE_32: u32 = 2;
+const OP_FLUSH: u32 = 3;
+const OP_WAIT_64: u32 = 4;
+const OP_WRITE_64: u32 = 5;
+const OP_BARRIER: u32 = 6;
+/// The most operations one call takes (the reference's limit for the batch).
+const MAX_MEM_OPS: u32 = 256;
+
+/// `cuStreamBatchMemOp(_v2)(stream, count, params, flags)` and their `_ptsz`.
+pub extern "C" fn cu_stream_batch_mem_op(
+    s: Handle,
+    count: u32,
+    params: *const MemOp,
+    _flags: u32,
+) -> CUresult {
+    if params.is_null() || count == 0 || count > MAX_MEM_OPS {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: the caller passes `count` operations (the API's array contract).
+    let ops: Vec<MemOp> = (0..count as usize)
+        .map(|i| unsafe { at(params, i) })
+        .collect();
+    if ops
+        .iter()
+        .any(|o| !(OP_WAIT_32..=OP_BARRIER).contains(&o.operation))
+    {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for o in ops {
+        let rc = match o.operation {
+            OP_WAIT_32 => read_value(s, o.address, 4),
+            OP_WAIT_64 => read_value(s, o.address, 8),
+            OP_WRITE_32 => write_value(s, o.address, &(o.value as u32).to_le_bytes()),
+            OP_WRITE_64 => write_value(s, o.address, &o.value.to_le_bytes()),
+            OP_FLUSH | OP_BARRIER => with_stream(s, |_, _| Ok(())),
+            _ => CUDA_ERROR_INVALID_VALUE,
+        };
+        if rc != CUDA_SUCCESS {
+            return rc;
+        }
+    }
+    CUDA_SUCCESS
 }

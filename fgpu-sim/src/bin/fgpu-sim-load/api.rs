@@ -179,6 +179,7 @@ pub(crate) struct Api {
     pub(crate) memcpy_batch_v2: Option<BatchV2Fn>,
     pub(crate) write_value32: Option<StreamValueFn>,
     pub(crate) wait_value32: Option<StreamValueFn>,
+    pub(crate) batch_mem_op: Option<BatchMemOpFn>,
 }
 
 /// `cuMemcpyBatchAsync` (CUDA 12.8): dsts, srcs, sizes, count, attrs, attrsIdxs, numAttrs,
@@ -207,6 +208,21 @@ pub(crate) type BatchV2Fn = unsafe extern "C" fn(
 ) -> R;
 /// `cuStreamWriteValue32_v2` / `cuStreamWaitValue32_v2`: stream, address, value, flags.
 pub(crate) type StreamValueFn = unsafe extern "C" fn(usize, u64, u32, u32) -> R;
+/// `cuStreamBatchMemOp_v2(stream, count, CUstreamBatchMemOpParams*, flags)`.
+pub(crate) type BatchMemOpFn = unsafe extern "C" fn(usize, u32, *const MemOp, u32) -> R;
+
+/// `CUstreamBatchMemOpParams` (a union of 48 bytes) as a wait or a write fills it: the
+/// operation, the address, the value, the flags, the alias (unused), padding.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct MemOp {
+    pub(crate) operation: u32,
+    pub(crate) address: u64,
+    pub(crate) value: u64,
+    pub(crate) flags: u32,
+    pub(crate) alias: u64,
+    pub(crate) pad: u64,
+}
 
 /// `CUmemcpyAttributes`: srcAccessOrder, srcLocHint and dstLocHint (`CUmemLocation`s), flags.
 #[repr(C)]
@@ -284,6 +300,7 @@ impl Api {
             memcpy_batch_v2: optional!(lib, "cuMemcpyBatchAsync_v2"),
             write_value32: optional!(lib, "cuStreamWriteValue32_v2"),
             wait_value32: optional!(lib, "cuStreamWaitValue32_v2"),
+            batch_mem_op: optional!(lib, "cuStreamBatchMemOp_v2"),
         }
     }
 }

@@ -26,7 +26,9 @@
 //!                                CUDA 12.8's cuMemcpyBatchAsync) | write-value IDX SEED |
 //!                                wait-value IDX SEED (cuStreamWriteValue32_v2 /
 //!                                cuStreamWaitValue32_v2 of the pattern's first word at the
-//!                                allocation's start); lines: driver/streamops.rs
+//!                                allocation's start) | mem-ops IDX SEED (the same word
+//!                                written, waited for, and a barrier, in one
+//!                                cuStreamBatchMemOp_v2); lines: driver/streamops.rs
 //!   fault                       (fgpu-sim only: the current context faults, as a kernel
 //!                                touching an illegal address makes it; later calls fail 700)
 //!   device N                    (make ordinal N's primary context current; prints its UUID)
@@ -232,7 +234,7 @@ fn main() {
                     _ => d.copy(idx, v as usize),
                 }
             }
-            "batch-check" | "batch12-check" | "write-value" | "wait-value" => {
+            "batch-check" | "batch12-check" | "write-value" | "wait-value" | "mem-ops" => {
                 let idx = num_arg(args.get(i)).unwrap_or(u64::MAX) as usize;
                 let Some(seed) = num_arg(args.get(i + 1)) else {
                     out(format!("error bad-argument command={cmd}"));
@@ -243,6 +245,7 @@ fn main() {
                     "batch-check" | "batch12-check" => {
                         d.batch_check(idx, seed, cmd == "batch-check")
                     }
+                    "mem-ops" => d.mem_ops(idx, seed),
                     _ => d.stream_value(idx, seed, cmd == "write-value"),
                 }
             }

@@ -12,16 +12,23 @@
 //!                            synchronised: `write-value IDX ok` | `... fail rc=RC`
 //!   wait-value IDX SEED    → cuStreamWaitValue32_v2 (EQ) for that word, then the stream
 //!                            synchronised: `wait-value IDX ok` | `... fail rc=RC`
+//!   mem-ops IDX SEED       → cuStreamBatchMemOp_v2 of three operations: a write of that word
+//!                            at the allocation's start, a wait (EQ) for it, a barrier; then
+//!                            the stream synchronised: `mem-ops IDX ok` | `... fail rc=RC`
 //! A driver without the entry point answers `CMD IDX fail missing=NAME`.
 
 use super::Driver;
 use super::data::pattern;
-use crate::api::MemcpyAttributes;
+use crate::api::{MemOp, MemcpyAttributes};
 
 /// Copies per batch.
 const PIECES: usize = 4;
 const CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: u32 = 1;
 const CU_STREAM_WAIT_VALUE_EQ: u32 = 1;
+/// `CU_STREAM_MEM_OP_WAIT_VALUE_32`, `_WRITE_VALUE_32`, `_BARRIER`.
+const OP_WAIT_32: u32 = 1;
+const OP_WRITE_32: u32 = 2;
+const OP_BARRIER: u32 = 6;
 
 impl Driver {
     /// A new stream of the current context, or reports `{cmd} {idx} fail rc=RC`.
@@ -120,6 +127,50 @@ impl Driver {
         // SAFETY: documented signatures, plain values.
         let rc = unsafe {
             match f(stream, ptr, value, flags) {
+                0 => (self.api.stream_synchronize)(stream),
+                rc => rc,
+            }
+        };
+        self.report(
+            rc,
+            format!("{cmd} {idx} ok"),
+            format!("{cmd} {idx} fail rc={rc}"),
+        );
+    }
+
+    /// `mem-ops`.
+    pub(crate) fn mem_ops(&mut self, idx: usize, seed: u64) {
+        let cmd = "mem-ops";
+        let Some(f) = self.api.batch_mem_op else {
+            return self.missing(cmd, idx, "cuStreamBatchMemOp_v2");
+        };
+        let Some((ptr, _)) = self.live(cmd, idx) else {
+            return;
+        };
+        let Some(stream) = self.own_stream(cmd, idx) else {
+            return;
+        };
+        let mut word = [0u8; 4];
+        pattern(seed, 0, &mut word);
+        let value = u64::from(u32::from_le_bytes(word));
+        let op = |operation, flags| MemOp {
+            operation,
+            address: ptr,
+            value,
+            flags,
+            ..MemOp::default()
+        };
+        let ops = [
+            op(OP_WRITE_32, 0),
+            op(OP_WAIT_32, CU_STREAM_WAIT_VALUE_EQ),
+            MemOp {
+                operation: OP_BARRIER,
+                ..MemOp::default()
+            },
+        ];
+        // SAFETY: documented signatures; `ops` holds the three operations passed.
+        let rc = unsafe {
+            match f(stream, ops.len() as u32, ops.as_ptr(), 0) {
                 0 => (self.api.stream_synchronize)(stream),
                 rc => rc,
             }
