@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--weights-gib", type=float, required=True)
     ap.add_argument("--reference", type=int, default=0, metavar="R")
+    ap.add_argument("--pace-ms", type=float, default=0,
+                    help="with --reference: host time between requests (as a paced client's)")
     a = ap.parse_args()
     t = time.perf_counter()
     ws, cache = build(a.seed, a.weights_gib)
@@ -71,6 +73,8 @@ def main():
     if a.reference:
         outs = []
         for n in range(a.reference):
+            if a.pace_ms and n:
+                time.sleep(a.pace_ms / 1000)
             t = time.perf_counter()
             first_ms, h = answer(ws, cache, a.seed, n)
             outs.append({"req": n, "out": h, "first_ms": round(first_ms, 1),
