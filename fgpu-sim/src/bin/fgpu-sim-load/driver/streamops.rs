@@ -96,6 +96,16 @@ impl Driver {
         self.compare_with(cmd, idx, read, |off, buf| pattern(seed, off, buf));
     }
 
+    /// The allocation's address, a stream of its own, and the pattern's first word: what a
+    /// stream memory operation works on; None once the failure is reported.
+    fn word_target(&mut self, cmd: &str, idx: usize, seed: u64) -> Option<(u64, usize, u32)> {
+        let (ptr, _) = self.live(cmd, idx)?;
+        let stream = self.own_stream(cmd, idx)?;
+        let mut word = [0u8; 4];
+        pattern(seed, 0, &mut word);
+        Some((ptr, stream, u32::from_le_bytes(word)))
+    }
+
     /// `write-value` and `wait-value`.
     pub(crate) fn stream_value(&mut self, idx: usize, seed: u64, write: bool) {
         let cmd = if write { "write-value" } else { "wait-value" };
@@ -112,18 +122,10 @@ impl Driver {
             };
             return self.missing(cmd, idx, name);
         };
-        let Some((ptr, _)) = self.live(cmd, idx) else {
+        let Some((ptr, stream, value)) = self.word_target(cmd, idx, seed) else {
             return;
         };
-        let Some(stream) = self.own_stream(cmd, idx) else {
-            return;
-        };
-        let mut word = [0u8; 4];
-        pattern(seed, 0, &mut word);
-        let (value, flags) = (
-            u32::from_le_bytes(word),
-            if write { 0 } else { CU_STREAM_WAIT_VALUE_EQ },
-        );
+        let flags = if write { 0 } else { CU_STREAM_WAIT_VALUE_EQ };
         // SAFETY: documented signatures, plain values.
         let rc = unsafe {
             match f(stream, ptr, value, flags) {
@@ -144,15 +146,10 @@ impl Driver {
         let Some(f) = self.api.batch_mem_op else {
             return self.missing(cmd, idx, "cuStreamBatchMemOp_v2");
         };
-        let Some((ptr, _)) = self.live(cmd, idx) else {
+        let Some((ptr, stream, word)) = self.word_target(cmd, idx, seed) else {
             return;
         };
-        let Some(stream) = self.own_stream(cmd, idx) else {
-            return;
-        };
-        let mut word = [0u8; 4];
-        pattern(seed, 0, &mut word);
-        let value = u64::from(u32::from_le_bytes(word));
+        let value = u64::from(word);
         let op = |operation, flags| MemOp {
             operation,
             address: ptr,
