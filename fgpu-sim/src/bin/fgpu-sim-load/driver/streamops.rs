@@ -126,18 +126,9 @@ impl Driver {
             return;
         };
         let flags = if write { 0 } else { CU_STREAM_WAIT_VALUE_EQ };
-        // SAFETY: documented signatures, plain values.
-        let rc = unsafe {
-            match f(stream, ptr, value, flags) {
-                0 => (self.api.stream_synchronize)(stream),
-                rc => rc,
-            }
-        };
-        self.report(
-            rc,
-            format!("{cmd} {idx} ok"),
-            format!("{cmd} {idx} fail rc={rc}"),
-        );
+        // SAFETY: documented signature, plain values.
+        let rc = unsafe { f(stream, ptr, value, flags) };
+        self.synced(cmd, idx, stream, rc);
     }
 
     /// `mem-ops`.
@@ -165,12 +156,18 @@ impl Driver {
                 ..MemOp::default()
             },
         ];
-        // SAFETY: documented signatures; `ops` holds the three operations passed.
-        let rc = unsafe {
-            match f(stream, ops.len() as u32, ops.as_ptr(), 0) {
-                0 => (self.api.stream_synchronize)(stream),
-                rc => rc,
-            }
+        // SAFETY: documented signature; `ops` holds the three operations passed.
+        let rc = unsafe { f(stream, ops.len() as u32, ops.as_ptr(), 0) };
+        self.synced(cmd, idx, stream, rc);
+    }
+
+    /// After an operation queued on `stream` answered `rc`: the stream synchronised (if it
+    /// succeeded), and the line `{cmd} {idx} ok` or `... fail rc=RC`.
+    fn synced(&mut self, cmd: &str, idx: usize, stream: usize, rc: i32) {
+        let rc = match rc {
+            // SAFETY: documented signature, a stream of ours.
+            0 => unsafe { (self.api.stream_synchronize)(stream) },
+            rc => rc,
         };
         self.report(
             rc,
