@@ -12,9 +12,8 @@
 //! PyTorch's expandable segments do the same when peer access is enabled
 //! (c10/cuda/CUDACachingAllocator.cpp, `ExpandableSegment::addPeer`).
 //!
-//! The set only grows: a context released on one device leaves the access in place, as
-//! access to `cuMemAlloc` memory outlives a context's peer access in practice (the next
-//! context on that device reaches it again).
+//! The set only grows: a context released on one device leaves the access in place (the
+//! process may take a context there again, and would then reach the memory at once).
 
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 
