@@ -33,10 +33,7 @@ fn privileged_an_idle_parkable_tenant_is_parked_for_another_and_comes_back_byte_
     }
     let w = AgentWorld::new("park");
     let _agent = w.agent_seeing("2GiB");
-    let a_cg = Cgroup::new("park-a");
-    let b_cg = Cgroup::new("park-b");
-    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
-    w.set_limit(&b_cg, "1500MiB");
+    let (a_cg, b_cg) = w.parking_pair("park-a", "park-b");
     let mut a = w.load(
         &a_cg,
         &SIM,
@@ -211,10 +208,7 @@ fn privileged_batched_copies_and_stream_memory_operations_bring_a_parked_tenant_
         "wait-value",
         "mem-ops",
     ] {
-        let a_cg = Cgroup::new(&format!("parkops-a-{op}"));
-        let b_cg = Cgroup::new(&format!("parkops-b-{op}"));
-        w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
-        w.set_limit(&b_cg, "1500MiB");
+        let (a_cg, b_cg) = w.parking_pair(&format!("parkops-a-{op}"), &format!("parkops-b-{op}"));
         let mut a = w.load(
             &a_cg,
             &SIM,
@@ -323,10 +317,7 @@ fn privileged_a_busy_tenant_is_not_parked() {
     }
     let w = AgentWorld::new("parkbusy");
     let _agent = w.agent_seeing("2GiB");
-    let a_cg = Cgroup::new("parkbusy-a");
-    let b_cg = Cgroup::new("parkbusy-b");
-    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
-    w.set_limit(&b_cg, "1500MiB");
+    let (a_cg, b_cg) = w.parking_pair("parkbusy-a", "parkbusy-b");
     let mut a = w.load(
         &a_cg,
         &SIM,
@@ -415,10 +406,7 @@ fn privileged_a_parked_tenant_comes_back_without_the_agent_once_there_is_room() 
     }
     let w = AgentWorld::new("parkdead");
     let agent = w.agent_seeing("2GiB");
-    let a_cg = Cgroup::new("parkdead-a");
-    let b_cg = Cgroup::new("parkdead-b");
-    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
-    w.set_limit(&b_cg, "1500MiB");
+    let (a_cg, b_cg) = w.parking_pair("parkdead-a", "parkdead-b");
     let mut a = w.load(
         &a_cg,
         &SIM,
@@ -454,10 +442,7 @@ fn privileged_a_restarted_agent_still_sees_a_parked_container() {
     }
     let w = AgentWorld::new("parkrestart");
     let agent = w.agent_seeing("2GiB");
-    let a_cg = Cgroup::new("parkrestart-a");
-    let b_cg = Cgroup::new("parkrestart-b");
-    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
-    w.set_limit(&b_cg, "1500MiB");
+    let (a_cg, b_cg) = w.parking_pair("parkrestart-a", "parkrestart-b");
     let mut a = w.load(
         &a_cg,
         &SIM,

@@ -32,10 +32,7 @@ fn privileged_a_parked_tenant_whose_context_broke_gets_the_drivers_error_not_a_h
     }
     let w = AgentWorld::new("parkbroken");
     let _agent = w.agent_seeing("2GiB");
-    let a_cg = Cgroup::new("parkbroken-a");
-    let b_cg = Cgroup::new("parkbroken-b");
-    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
-    w.set_limit(&b_cg, "1500MiB");
+    let (a_cg, b_cg) = w.parking_pair("parkbroken-a", "parkbroken-b");
     let mut a = w.load(
         &a_cg,
         &SIM,
@@ -141,10 +138,7 @@ fn privileged_a_park_is_charged_to_the_tenants_memory_cgroup_and_refused_where_i
     let _agent = w.agent_seeing("2GiB");
     for (limit, fits) in [(400u64 << 20, false), (1u64 << 30, true)] {
         let tag = if fits { "fits" } else { "tight" };
-        let a_cg = Cgroup::new(&format!("parkmem-a-{tag}"));
-        let b_cg = Cgroup::new(&format!("parkmem-b-{tag}"));
-        w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
-        w.set_limit(&b_cg, "1500MiB");
+        let (a_cg, b_cg) = w.parking_pair(&format!("parkmem-a-{tag}"), &format!("parkmem-b-{tag}"));
         let mut a = w.load(
             &a_cg,
             &SIM,
@@ -294,10 +288,7 @@ fn privileged_a_parked_tenant_killed_while_parked_leaves_nothing_behind() {
     }
     let w = AgentWorld::new("parkkill");
     let _agent = w.agent_seeing("2GiB");
-    let a_cg = Cgroup::new("parkkill-a");
-    let b_cg = Cgroup::new("parkkill-b");
-    w.set_limits(&a_cg, &["--memory", "1500MiB", "--park-after", "1s"]);
-    w.set_limit(&b_cg, "1500MiB");
+    let (a_cg, b_cg) = w.parking_pair("parkkill-a", "parkkill-b");
     let mut a = w.load(
         &a_cg,
         &SIM,

@@ -121,6 +121,15 @@ impl AgentWorld {
         )
     }
 
+    /// The parking tests' usual pair of containers: `a` parkable (`--memory 1500MiB
+    /// --park-after 1s`), `b` the one that asks for room (`--memory 1500MiB`).
+    pub fn parking_pair(&self, a: &str, b: &str) -> (Cgroup, Cgroup) {
+        let (a, b) = (Cgroup::new(a), Cgroup::new(b));
+        self.set_limits(&a, &["--memory", "1500MiB", "--park-after", "1s"]);
+        self.set_limit(&b, "1500MiB");
+        (a, b)
+    }
+
     /// `fgpu limit set CGROUP --memory SIZE`; panics if refused.
     pub fn set_limit(&self, cg: &Cgroup, size: &str) {
         self.set_limits(cg, &["--memory", size]);
