@@ -1,11 +1,12 @@
 //! `container:ID` targets: the cgroup of a docker, podman, containerd (CRI) or CRI-O
 //! container, by full id or unique prefix, under the systemd or the cgroupfs driver
-//! (naming in [`fgpu_common::cgroup::naming`]).
+//! (naming in [`fgpu_common::cgroup::naming`]: a name counts only where its runtime or the
+//! kubelet puts it, so a look-alike a tenant made inside its own cgroup is not a container).
 
 use std::path::Path;
 
 use anyhow::{Result, bail};
-use fgpu_common::cgroup::naming::{Container, container_segment};
+use fgpu_common::cgroup::naming::{Container, identity};
 
 /// Shortest prefix accepted: shorter ones match too much by accident.
 pub const MIN_PREFIX: usize = 4;
@@ -52,18 +53,18 @@ fn find(mount: &Path, prefix: &str) -> Vec<(String, Container)> {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue; // removed while we walked
         };
-        let parent = dir.file_name().and_then(|n| n.to_str()).map(str::to_string);
         for e in entries.filter_map(Result::ok) {
             if !e.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
             let path = e.path();
-            if let Some(name) = e.file_name().to_str()
-                && let Some(c) = container_segment(name, parent.as_deref())
-            {
-                if c.id.starts_with(prefix) {
-                    let rel = path.strip_prefix(mount).unwrap_or(&path);
-                    out.push((format!("/{}", rel.display()), c));
+            let rel = format!(
+                "/{}",
+                path.strip_prefix(mount).unwrap_or(&path).to_string_lossy()
+            );
+            if let Some(c) = identity(&rel).container {
+                if c.cgroup == rel && c.id.starts_with(prefix) {
+                    out.push((rel, c));
                 }
                 continue; // a container's own sub-cgroups are not other containers
             }
@@ -93,7 +94,8 @@ mod tests {
             format!("system.slice/docker-{B}.scope"),
             format!("docker/{C}"),
             format!(
-                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podx.slice/cri-containerd-{}.scope",
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope",
+                "0".repeat(32),
                 C.replace('c', "d")
             ),
         ] {
@@ -137,6 +139,33 @@ mod tests {
         assert!(err.contains("hex digits"), "{err}");
         let err = resolve("c", "eeee", &m).unwrap_err().to_string();
         assert!(err.contains("no container"), "{err}");
+        std::fs::remove_dir_all(&m).unwrap();
+    }
+
+    #[test]
+    fn a_look_alike_inside_another_container_is_not_the_container() {
+        let m = std::env::temp_dir().join(format!("fgpu-containers-fake-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&m);
+        let victim_pod = "0d4f6a3c-1b2e-4c5d-8e9f-a0b1c2d3e4f5";
+        let victim = format!("kubepods/besteffort/pod{victim_pod}/{C}");
+        let tenant = format!("kubepods/besteffort/pod{}/{A}", "1".repeat(32));
+        let pod_slice = format!(
+            "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice",
+            "2".repeat(32)
+        );
+        for d in [
+            victim.clone(),
+            format!("{tenant}/{victim}"),
+            format!("{tenant}/docker/{C}"),
+            format!("{tenant}/system.slice/docker-{C}.scope"),
+            format!("{pod_slice}/cri-containerd-{B}.scope/kubepods/pod{victim_pod}/{C}"),
+            format!("system.slice/foo.service/docker/{C}"),
+            format!("elsewhere/{C}"),
+        ] {
+            std::fs::create_dir_all(m.join(d)).unwrap();
+        }
+        assert_eq!(resolve("container:cccc", "cccc", &m).unwrap(), format!("/{victim}"));
+        assert_eq!(resolve("container:aaaa0", "aaaa0", &m).unwrap(), format!("/{tenant}"));
         std::fs::remove_dir_all(&m).unwrap();
     }
 }

@@ -13,11 +13,28 @@
 //! | containerd (CRI) | `cri-containerd-<id>.scope` | `…/pod<uid>/<id>` |
 //! | CRI-O | `crio-<id>.scope` | `…/pod<uid>/crio-<id>` |
 //!
-//! A bare `<id>` directory is a container wherever it is (docker's under `/docker`, else of
-//! a runtime the name does not tell: containerd in a pod under the cgroupfs driver, docker
-//! with `--cgroup-parent`). The runtimes' monitor processes (`libpod-conmon-<id>`,
-//! `crio-conmon-<id>`) are not containers. A cgroup below a container's belongs to it; the
-//! innermost container counts.
+//! Identity comes from where a name is, not from the name alone: a container may create any
+//! cgroup name in its own subtree, `…/kubepods/besteffort/pod<uid>/<id>` of another pod
+//! included. So a name counts only at the place the runtime or the kubelet puts it, and
+//! nothing below a container, a pod's container or a systemd unit (`*.service`, `*.scope`:
+//! what systemd delegates) names anyone else. Walking down from the root:
+//!
+//! - a container of docker, podman or the like is `docker-<id>.scope`, `libpod-<id>.scope`,
+//!   `cri-containerd-<id>.scope` or `crio-<id>.scope` directly below a systemd slice,
+//!   `<id>` directly below `docker`, or `libpod-<id>` directly below `libpod_parent`; the
+//!   runtimes' monitor processes (`libpod-conmon-<id>`, `crio-conmon-<id>`) are not
+//!   containers. Every cgroup below a container is the container's (podman and CRI-O put its
+//!   processes in a `container` sub-cgroup of the scope; a container's own sub-cgroups):
+//!   the outermost container counts;
+//! - the kubelet's `kubepods` cgroup (`kubepods`, `kubepods.slice`, `<prefix>-kubepods.slice`)
+//!   is recognised where no container, pod or unit is above it; the outermost counts;
+//! - a pod is `pod<uid>` at the level of its QoS class right below that kubepods cgroup (see
+//!   below); a pod's container is the container cgroup directly below the pod (any of the
+//!   runtime names above, `crio-<id>` without `.scope`, or a bare `<id>`: containerd under
+//!   the cgroupfs driver); any other cgroup directly below a pod names no container, and
+//!   nothing further down names a pod or a container;
+//! - a bare `<id>` anywhere else, a runtime name below a cgroup that is not a slice, a
+//!   kubepods cgroup inside a container or a unit, and a pod at another level name nobody.
 //!
 //! Pods: the kubelet makes a `kubepods` cgroup, below it one per QoS class (burstable,
 //! besteffort; guaranteed pods sit directly under kubepods), below that `pod<uid>`:
@@ -33,10 +50,8 @@
 //! driver prefixes every slice with its parts (kind, cgroupRoot `/kubelet`:
 //! `kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/
 //! kubelet-kubepods-burstable-pod<u>.slice`; pkg/kubelet/cm/cgroup_manager_linux.go,
-//! `ToSystemd`). A pod is recognised only below a kubepods cgroup (`kubepods`,
-//! `kubepods.slice`, `<prefix>-kubepods.slice`), wherever that is in the path; a pod UID is
-//! hex digits and dashes, 32 to 64 of them (a UUID, or a static pod's 32-digit hash). The
-//! innermost pod counts.
+//! `ToSystemd`). A pod UID is hex digits and dashes, 32 to 64 of them (a UUID, or a static
+//! pod's 32-digit hash).
 //!
 //! The path does not say a pod's namespace or name, nor a container's name: those are not
 //! guessed here.
@@ -80,6 +95,8 @@ pub struct Container {
     pub runtime: Runtime,
     /// The full container id (64 hex digits).
     pub id: String,
+    /// The container's own cgroup: the path up to the container's name (`/a/b`).
+    pub cgroup: String,
 }
 
 impl Container {
@@ -113,8 +130,8 @@ impl Qos {
 pub struct Pod {
     /// The pod UID with dashes, as the API server has it.
     pub uid: String,
-    /// `None` where the pod's cgroup is not at a QoS level the kubelet makes.
-    pub qos: Option<Qos>,
+    /// The QoS level of the kubelet's tree the pod's cgroup is at.
+    pub qos: Qos,
     /// The pod's own cgroup: the path up to the pod's name (`/a/b`, no trailing `/`).
     pub cgroup: String,
 }
@@ -127,28 +144,73 @@ pub struct Identity {
 }
 
 /// What cgroup path `path` (relative to the v2 root, `/a/b/...`) says of its container and
-/// pod (see the module documentation).
+/// pod, by where its names are (see the module documentation).
 pub fn identity(path: &str) -> Identity {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    let upto = |i: usize| format!("/{}", parts[..=i].join("/"));
     let mut out = Identity::default();
-    let mut in_kubepods = false;
+    // The kubepods cgroup's index, then the QoS level below it once seen.
+    let mut kubepods: Option<usize> = None;
+    let mut qos: Option<Qos> = None;
     for (i, part) in parts.iter().enumerate() {
         let parent = i.checked_sub(1).map(|p| parts[p]);
-        if let Some(c) = container_segment(part, parent) {
-            out.container = Some(c);
-        } else if is_kubepods(part) {
-            in_kubepods = true;
-        } else if in_kubepods && let Some((uid, qos)) = pod_segment(part, parent) {
-            let cgroup = format!("/{}", parts[..=i].join("/"));
-            out.pod = Some(Pod { uid, qos, cgroup });
+        if out.pod.is_some() {
+            // Only the cgroup directly below the pod may be its container.
+            out.container = container_segment(part, None).map(|(runtime, id)| Container {
+                runtime,
+                id,
+                cgroup: upto(i),
+            });
+            break;
+        }
+        if let Some(k) = kubepods {
+            let root = parts[k];
+            if qos.is_none()
+                && i == k + 1
+                && let Some(level) = qos_level(root, part)
+            {
+                qos = Some(level);
+                continue;
+            }
+            let at = qos.unwrap_or(Qos::Guaranteed);
+            let level_ok = i == k + 1 + usize::from(qos.is_some());
+            match pod_segment(root, at, part) {
+                Some(uid) if level_ok => {
+                    out.pod = Some(Pod {
+                        uid,
+                        qos: at,
+                        cgroup: upto(i),
+                    });
+                    continue;
+                }
+                _ => break, // nothing else below kubepods names anyone
+            }
+        }
+        if let Some((runtime, id)) = container_segment(part, parent)
+            && placed(part, runtime, parent)
+        {
+            out.container = Some(Container {
+                runtime,
+                id,
+                cgroup: upto(i),
+            });
+            break; // everything below is the container's
+        }
+        if is_kubepods(part) {
+            kubepods = Some(i);
+            continue;
+        }
+        if is_unit(part) {
+            break; // a systemd unit: whoever it was delegated to names what is below
         }
     }
     out
 }
 
-/// The container whose cgroup `segment` (one path component, below `parent`) is, if it is
-/// one.
-pub fn container_segment(segment: &str, parent: Option<&str>) -> Option<Container> {
+/// The runtime and id of the container `segment` (one path component, below `parent`) is
+/// named as, by the name alone: `<runtime>-<id>[.scope]` or a bare `<id>` (docker's where
+/// `parent` is `docker`). Where a name counts is [`identity`]'s rule.
+pub fn container_segment(segment: &str, parent: Option<&str>) -> Option<(Runtime, String)> {
     const SCOPES: [(&str, Runtime); 4] = [
         ("docker-", Runtime::Docker),
         ("libpod-", Runtime::Podman),
@@ -160,10 +222,7 @@ pub fn container_segment(segment: &str, parent: Option<&str>) -> Option<Containe
         if let Some(id) = stem.strip_prefix(prefix)
             && is_container_id(id)
         {
-            return Some(Container {
-                runtime,
-                id: id.to_string(),
-            });
+            return Some((runtime, id.to_string()));
         }
     }
     if is_container_id(segment) {
@@ -171,12 +230,30 @@ pub fn container_segment(segment: &str, parent: Option<&str>) -> Option<Containe
             Some("docker") => Runtime::Docker,
             _ => Runtime::Unknown,
         };
-        return Some(Container {
-            runtime,
-            id: segment.to_string(),
-        });
+        return Some((runtime, segment.to_string()));
     }
     None
+}
+
+/// Whether a container name outside Kubernetes is where its runtime puts it: a runtime's
+/// scope directly below a systemd slice, `<id>` directly below `docker`, `libpod-<id>`
+/// directly below `libpod_parent`.
+fn placed(segment: &str, runtime: Runtime, parent: Option<&str>) -> bool {
+    let parent = parent.unwrap_or("");
+    if segment.ends_with(".scope") {
+        return parent.ends_with(".slice");
+    }
+    match runtime {
+        Runtime::Docker => parent == "docker",
+        Runtime::Podman => parent == "libpod_parent",
+        _ => false,
+    }
+}
+
+/// A systemd unit that may be delegated (`*.service`, `*.scope`): its own processes create
+/// what is below it.
+fn is_unit(segment: &str) -> bool {
+    segment.ends_with(".service") || segment.ends_with(".scope")
 }
 
 /// 64 lowercase hex digits.
@@ -204,34 +281,38 @@ fn is_kubepods(segment: &str) -> bool {
             .is_some_and(|s| s == "kubepods" || s.ends_with("-kubepods"))
 }
 
-/// The UID and QoS class of pod cgroup `segment`: `…-pod<u>.slice` (systemd) or `pod<uid>`
-/// (cgroupfs, its QoS class from `parent`).
-fn pod_segment(segment: &str, parent: Option<&str>) -> Option<(String, Option<Qos>)> {
-    let (uid, qos) = match segment.strip_suffix(".slice") {
-        Some(stem) => {
-            let (head, u) = stem.rsplit_once("-pod")?;
-            let qos = if head.ends_with("kubepods") {
-                Some(Qos::Guaranteed)
-            } else if head.ends_with("-burstable") {
-                Some(Qos::Burstable)
-            } else if head.ends_with("-besteffort") {
-                Some(Qos::BestEffort)
-            } else {
-                None
-            };
-            (u.replace('_', "-"), qos)
-        }
-        None => {
-            let qos = match parent {
-                Some("burstable") => Some(Qos::Burstable),
-                Some("besteffort") => Some(Qos::BestEffort),
-                Some(p) if is_kubepods(p) => Some(Qos::Guaranteed),
-                _ => None,
-            };
-            (segment.strip_prefix("pod")?.to_string(), qos)
-        }
+/// The QoS level `segment` is directly below kubepods cgroup `root`: `burstable`,
+/// `besteffort` (cgroupfs), `<root stem>-burstable.slice`, `<root stem>-besteffort.slice`
+/// (systemd).
+fn qos_level(root: &str, segment: &str) -> Option<Qos> {
+    let name = match root.strip_suffix(".slice") {
+        Some(stem) => segment
+            .strip_suffix(".slice")?
+            .strip_prefix(stem)?
+            .strip_prefix('-')?,
+        None => segment,
     };
-    is_pod_uid(&uid).then_some((uid, qos))
+    match name {
+        "burstable" => Some(Qos::Burstable),
+        "besteffort" => Some(Qos::BestEffort),
+        _ => None,
+    }
+}
+
+/// The UID of pod cgroup `segment` at QoS level `qos` below kubepods cgroup `root`:
+/// `pod<uid>` (cgroupfs), `<root stem>[-<qos>]-pod<u>.slice` (systemd).
+fn pod_segment(root: &str, qos: Qos, segment: &str) -> Option<String> {
+    let uid = match root.strip_suffix(".slice") {
+        Some(stem) => {
+            let mut rest = segment.strip_suffix(".slice")?.strip_prefix(stem)?;
+            if qos != Qos::Guaranteed {
+                rest = rest.strip_prefix('-')?.strip_prefix(qos.as_str())?;
+            }
+            rest.strip_prefix("-pod")?.replace('_', "-")
+        }
+        None => segment.strip_prefix("pod")?.to_string(),
+    };
+    is_pod_uid(&uid).then_some(uid)
 }
 
 /// The cgroups (relative to the v2 root) the kubelet may have given the pod with `uid`,

@@ -28,12 +28,16 @@ fn every_runtime_and_driver() {
         (format!("/libpod_parent/libpod-{ID}"), Runtime::Podman),
         (
             format!(
-                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0d4f.slice/cri-containerd-{ID}.scope"
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{ID}.scope",
+                UID.replace('-', "_")
             ),
             Runtime::Containerd,
         ),
         (
-            format!("/kubepods.slice/kubepods-pod1.slice/crio-{ID}.scope"),
+            format!(
+                "/kubepods.slice/kubepods-pod{}.slice/crio-{ID}.scope",
+                UID.replace('-', "_")
+            ),
             Runtime::CriO,
         ),
         (
@@ -41,7 +45,7 @@ fn every_runtime_and_driver() {
             Runtime::CriO,
         ),
         (
-            format!("/kubepods/burstable/pod0d4f/{ID}"),
+            format!("/kubepods/burstable/pod{UID}/{ID}/worker"),
             Runtime::Unknown,
         ),
         (
@@ -94,7 +98,9 @@ fn a_cgroup_inside_a_container_belongs_to_it() {
     assert_eq!(c.1, ID);
     let inner = ID.replace('1', "2");
     let c = container(&format!("/docker/{ID}/docker/{inner}")).unwrap();
-    assert_eq!(c.1, inner, "the innermost container");
+    assert_eq!(c.1, ID, "the outermost container: the inner one is its own making");
+    let c = identity(&format!("/machine.slice/libpod-{ID}.scope/container/x")).container;
+    assert_eq!(c.unwrap().cgroup, format!("/machine.slice/libpod-{ID}.scope"));
 }
 
 #[test]
@@ -116,30 +122,31 @@ fn kubelet_pods_with_either_driver() {
         format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{under}.slice");
     let id = identity(&format!("{pod}/cri-containerd-{ID}.scope"));
     let p = id.pod.unwrap();
-    assert_eq!((p.uid.as_str(), p.qos), (UID, Some(Qos::Burstable)));
+    assert_eq!((p.uid.as_str(), p.qos), (UID, Qos::Burstable));
     assert_eq!(p.cgroup, pod, "the pod's own cgroup");
     assert_eq!(
         id.container,
         Some(Container {
             runtime: Runtime::Containerd,
-            id: ID.into()
+            id: ID.into(),
+            cgroup: format!("{pod}/cri-containerd-{ID}.scope"),
         })
     );
     let crio = identity(&format!(
         "/kubepods.slice/kubepods-pod{under}.slice/crio-{ID}.scope"
     ));
     assert_eq!(crio.container.unwrap().runtime, Runtime::CriO);
-    assert_eq!(crio.pod.unwrap().qos, Some(Qos::Guaranteed));
+    assert_eq!(crio.pod.unwrap().qos, Qos::Guaranteed);
     let cgroupfs = identity(&format!("/kubepods/besteffort/pod{UID}/{ID}"));
     let p = cgroupfs.pod.unwrap();
-    assert_eq!((p.uid.as_str(), p.qos), (UID, Some(Qos::BestEffort)));
+    assert_eq!((p.uid.as_str(), p.qos), (UID, Qos::BestEffort));
     assert_eq!(p.cgroup, format!("/kubepods/besteffort/pod{UID}"));
     assert_eq!(cgroupfs.container.unwrap().id, ID);
     // The pod cgroup itself: a pod, no container.
     let pod = identity(&format!("/kubepods/pod{UID}"));
     assert_eq!(pod.container, None);
     let p = pod.pod.unwrap();
-    assert_eq!((p.uid.as_str(), p.qos), (UID, Some(Qos::Guaranteed)));
+    assert_eq!((p.uid.as_str(), p.qos), (UID, Qos::Guaranteed));
 }
 
 #[test]
@@ -148,45 +155,43 @@ fn pod_uids_come_from_both_cgroup_drivers_and_every_qos_class() {
     for (path, qos) in [
         (
             format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice"),
-            Some(Qos::Burstable),
+            Qos::Burstable,
         ),
         (
             format!(
                 "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u}.slice/cri-containerd-abc.scope"
             ),
-            Some(Qos::BestEffort),
+            Qos::BestEffort,
         ),
         (
             format!("/kubepods.slice/kubepods-pod{u}.slice/crio-abc.scope"),
-            Some(Qos::Guaranteed),
+            Qos::Guaranteed,
         ),
         (
             format!("/kubepods/burstable/pod{UID}/0123abcd"),
-            Some(Qos::Burstable),
+            Qos::Burstable,
         ),
-        (format!("/kubepods/pod{UID}"), Some(Qos::Guaranteed)),
+        (format!("/kubepods/pod{UID}"), Qos::Guaranteed),
         // kubepods below the root: a kubelet cgroupRoot, a test's base cgroup.
         (
             format!("/fgpu-k8s-1/kubepods/besteffort/pod{UID}/ctr"),
-            Some(Qos::BestEffort),
+            Qos::BestEffort,
         ),
         (
             format!("/kubelet/kubepods.slice/kubepods-pod{u}.slice"),
-            Some(Qos::Guaranteed),
+            Qos::Guaranteed,
         ),
         // kind: the systemd driver with cgroupRoot /kubelet.
         (
             format!(
                 "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{u}.slice/cri-containerd-{ID}.scope"
             ),
-            Some(Qos::BestEffort),
+            Qos::BestEffort,
         ),
         (
             format!("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{u}.slice"),
-            Some(Qos::Guaranteed),
+            Qos::Guaranteed,
         ),
-        // Not at a level the kubelet makes: a pod, of no known class.
-        (format!("/kubepods/other/pod{UID}"), None),
     ] {
         let p = identity(&path).pod.unwrap_or_else(|| panic!("{path}"));
         assert_eq!((p.uid.as_str(), p.qos), (UID, qos), "{path}");
@@ -200,6 +205,11 @@ fn pod_uids_come_from_both_cgroup_drivers_and_every_qos_class() {
         "/kubepods/burstable/pod0123".into(),    // too short for one
         "/kubepods.slice/kubepods-burstable.slice".into(),
         "/kubepods".into(),
+        format!("/kubepods/other/pod{UID}"), // not at a level the kubelet makes
+        format!("/kubepods/burstable/x/pod{UID}"), // nor this
+        format!("/kubepods.slice/kubepods-burstable.slice/kubepods-besteffort-pod{u}.slice"),
+        format!("/kubepods.slice/other-pod{u}.slice"),
+        format!("/system.slice/x.service/kubepods/pod{UID}"), // a unit's own subtree
         "/fgpu/podcast".into(),
         "/fgpu/job-1".into(),
         "/user.slice/user-0.slice/session-3.scope".into(),
@@ -232,40 +242,88 @@ fn anything_else_says_nothing() {
     ] {
         assert_eq!(identity(path), Identity::default(), "{path}");
     }
-    // A bare id is a container wherever it is (the metrics' own parser said nothing here;
-    // status and `container:ID` targets always took it).
-    assert_eq!(
-        container(&format!("/elsewhere/{ID}")),
-        Some((Runtime::Unknown, ID.to_string()))
-    );
+    // A bare id, or a runtime's name, only where its runtime puts it.
+    for path in [
+        format!("/elsewhere/{ID}"),
+        format!("/fgpu/job-1/{ID}"),
+        format!("/docker-{ID}.scope"),
+        format!("/fgpu/job-1/docker-{ID}.scope"),
+        format!("/system.slice/x.service/docker/{ID}"),
+        format!("/system.slice/x.service/a.slice/docker-{ID}.scope"),
+        format!("/kubepods/besteffort/{ID}"),
+    ] {
+        assert_eq!(identity(&path), Identity::default(), "{path}");
+    }
 }
 
 #[test]
-fn containers_and_pods_each_innermost() {
+fn containers_and_pods_each_outermost() {
     let u = UID.replace('-', "_");
     let node = ID.replace('1', "3");
-    // kind's node is a docker container; its pods' containers are inside it.
+    // A kubelet inside a docker container (kind's node, seen from the host): its pods are
+    // the container's own making.
     let path = format!(
         "/system.slice/docker-{node}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{u}.slice/cri-containerd-{ID}.scope"
     );
     let id = identity(&path);
-    assert_eq!(id.container.unwrap().id, ID);
-    let p = id.pod.unwrap();
-    assert_eq!(p.uid, UID);
-    assert_eq!(
-        p.cgroup,
-        format!(
-            "/system.slice/docker-{node}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{u}.slice"
-        )
-    );
-    // The node's pod cgroup: in the node's container.
-    let id = identity(&p.cgroup);
     assert_eq!(id.container.unwrap().id, node);
-    assert_eq!(id.pod.unwrap().uid, UID);
-    // A pod of a kubelet inside a pod: the inner one.
+    assert_eq!(id.pod, None);
+    // A kubelet inside a pod: the outer pod and its container.
     let inner = "11111111-2222-3333-4444-555555555555";
     let nested = format!("/kubepods/pod{UID}/{ID}/kubepods/besteffort/pod{inner}");
-    assert_eq!(pod_uid(&nested).as_deref(), Some(inner));
+    assert_eq!(pod_uid(&nested).as_deref(), Some(UID));
+}
+
+/// A tenant may name cgroups in its own subtree as it likes; none of them is another pod or
+/// container.
+#[test]
+fn a_tenants_look_alikes_name_the_tenant() {
+    let victim_uid = "0c3d6f1e-2b4a-4c8e-9f00-123456789abc";
+    let victim_id = ID.replace('1', "9");
+    let v = victim_uid.replace('-', "_");
+    let u = UID.replace('-', "_");
+    let fakes = [
+        format!("kubepods/besteffort/pod{victim_uid}/{victim_id}"),
+        format!("kubepods/pod{victim_uid}/crio-{victim_id}/container"),
+        format!(
+            "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{v}.slice/cri-containerd-{victim_id}.scope"
+        ),
+        format!("docker/{victim_id}"),
+        format!("system.slice/docker-{victim_id}.scope"),
+        format!("libpod_parent/libpod-{victim_id}"),
+        victim_id.clone(),
+    ];
+    let tenants = [
+        (
+            format!("/kubepods/besteffort/pod{UID}/{ID}"),
+            Some(UID),
+            Some(ID),
+        ),
+        (
+            format!(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u}.slice/crio-{ID}.scope/container"
+            ),
+            Some(UID),
+            Some(ID),
+        ),
+        (
+            format!("/kubelet/kubepods/pod{UID}/not-a-container"),
+            Some(UID),
+            None,
+        ),
+        (format!("/system.slice/docker-{ID}.scope"), None, Some(ID)),
+        (format!("/docker/{ID}"), None, Some(ID)),
+        ("/system.slice/job.service".to_string(), None, None),
+        ("/user.slice/user-0.slice/user@0.service/app.slice".into(), None, None),
+    ];
+    for (tenant, pod, container) in &tenants {
+        for fake in &fakes {
+            let path = format!("{tenant}/{fake}");
+            let id = identity(&path);
+            assert_eq!(id.pod.map(|p| p.uid).as_deref(), *pod, "{path}");
+            assert_eq!(id.container.map(|c| c.id).as_deref(), *container, "{path}");
+        }
+    }
 }
 
 #[test]
@@ -298,8 +356,7 @@ fn every_name_the_kubelet_may_give_a_pod_reads_back_as_that_pod() {
             let p = identity(name).pod.unwrap_or_else(|| panic!("{name}"));
             assert_eq!(p.uid, uid, "{name}");
             assert_eq!(&p.cgroup, name, "{name}");
-            assert!(p.qos.is_some(), "{name}");
-            assert_eq!(identity(name).container, None, "{name}");
+                        assert_eq!(identity(name).container, None, "{name}");
         }
     }
     let u = uid.replace('-', "_");
@@ -314,6 +371,6 @@ fn every_name_the_kubelet_may_give_a_pod_reads_back_as_that_pod() {
          kubelet-kubepods-besteffort-pod{u}.slice"
     );
     assert!(pod_cgroups("/kubelet", uid).contains(&kind));
-    assert_eq!(identity(&kind).pod.unwrap().qos, Some(Qos::BestEffort));
+    assert_eq!(identity(&kind).pod.unwrap().qos, Qos::BestEffort);
     assert!(pod_cgroups("/kubelet", uid).contains(&format!("/kubelet/kubepods/pod{uid}")));
 }
