@@ -35,7 +35,9 @@ pub struct CgroupStatus {
     /// ancestor whose budget it is part of. `null` while no shim of it connected.
     #[serde(default)]
     pub ledger: Option<String>,
-    /// Allocations refused because they would have crossed the limit.
+    /// Allocations refused because they would have crossed the limit, as the cgroup's shims
+    /// report them: the count they write in the ledger's usage page, which the tenant's
+    /// processes share read-write, so the tenant's own word (not checked by the agent).
     pub alloc_denied: u64,
     /// Times the kernel backstop found the cgroup over its limit (a process that bypassed
     /// the shim), and killed the process or reported it, per `--on-exceed`.
@@ -230,16 +232,18 @@ pub struct StatusReport {
 const MAX_PRINTABLE: usize = 512;
 
 /// A name from the report (a cgroup path, a GPU's name or UUID, the node's name) made safe
-/// to print where nothing escapes it: metrics label values (the exposition does not escape)
-/// and `fgpu top`'s rows. `\`, `"` and control characters (a cgroup's name may hold a
-/// newline) become `_`, and long text is cut at 512 bytes.
+/// for a metrics label value (the exposition does not escape it, and dashboards show it):
+/// `\`, `"`, control characters (a cgroup's name may hold a newline) and invisible format
+/// characters such as bidi overrides ([`fgpu_common::inert::is_unsafe`]) become `_`, and
+/// long text is cut at 512 bytes. Terminals get [`fgpu_common::inert::escape`] instead,
+/// which keeps the name readable.
 pub fn printable(s: &str) -> String {
     let mut out = String::with_capacity(s.len().min(MAX_PRINTABLE));
     for c in s.chars() {
         if out.len() + c.len_utf8() > MAX_PRINTABLE {
             break;
         }
-        out.push(if c == '\\' || c == '"' || c.is_control() {
+        out.push(if c == '\\' || c == '"' || fgpu_common::inert::is_unsafe(c) {
             '_'
         } else {
             c
@@ -256,6 +260,7 @@ mod tests {
     fn printed_names_cannot_break_the_exposition() {
         assert_eq!(printable("/a\"b\\c\nd}"), "/a_b_c_d}");
         assert_eq!(printable("/ok-é"), "/ok-é");
+        assert_eq!(printable("/a\u{202e}b\u{2066}\u{9b}c"), "/a_b__c");
         let long = "é".repeat(1000);
         let v = printable(&long);
         assert!(v.len() <= MAX_PRINTABLE && v.chars().all(|c| c == 'é'));

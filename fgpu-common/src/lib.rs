@@ -11,10 +11,13 @@
 //!   (docker, podman, containerd, CRI-O), Kubernetes pod and QoS class a path names, and the
 //!   names the kubelet gives a pod's cgroup.
 //! - [`proto`]: framing of the agent's unix-socket protocol.
+//! - [`inert`]: text a tenant chose (cgroup names, what it writes in its usage page) made
+//!   inert for terminals and text logs: control and invisible format characters escaped.
 
 pub mod cgroup;
 pub mod clock;
 pub mod event;
+pub mod inert;
 pub mod ledger;
 pub mod proto;
 pub mod quantity;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use clap::Args;
+use fgpu_common::inert::escape;
 use fgpu_common::proto::Kind;
 use fgpu_common::quantity::Size;
 
@@ -15,8 +16,8 @@ use crate::status::StatusReport;
 pub struct StatusArgs {
     /// Print a JSON array, one object per cgroup (fields: cgroup, cgroup_id, pids,
     /// memory_used_bytes, memory_limit_bytes, memory_limit_gpus (per-GPU limits by UUID),
-    /// alloc_denied, over_limit_actions, devices (per GPU: device, uuid, memory_used_bytes,
-    /// limit_bytes, allocs, frees),
+    /// alloc_denied (as the tenant's shims report it), over_limit_actions, devices (per GPU:
+    /// device, uuid, memory_used_bytes, limit_bytes, allocs, frees),
     /// compute_share_pct, compute_cap_pct (and compute_share_gpus, compute_cap_gpus: per-GPU
     /// values by UUID), compute_turn_pct (device time held in turns: what a
     /// share is a share of), compute_corun, compute_queue_us (the queue bound of each of
@@ -61,37 +62,46 @@ pub fn run(args: &StatusArgs) -> Result<()> {
     Ok(())
 }
 
-/// The human-readable form: one row per cgroup, then what the kernel side counted.
+/// Says what the DENIED column is, below the table.
+const DENIED_LEGEND: &str = "DENIED*: allocations refused at the limit, as reported by the \
+                             tenant's own shims (written in its usage page; not checked by \
+                             the agent)";
+
+/// The human-readable form: one row per cgroup, then what the kernel side counted. Every
+/// name in it (cgroup paths, pods, GPU UUIDs, library paths) may have been chosen by a
+/// tenant and is printed escaped ([`fgpu_common::inert`]): no control character of it
+/// reaches the terminal.
 pub fn table(report: &StatusReport) -> String {
     let mut out = String::new();
     let width = report
         .cgroups
         .iter()
-        .map(|c| c.cgroup.len())
+        .map(|c| escape(&c.cgroup).chars().count())
         .chain([6])
         .max()
         .unwrap_or(6);
     // CONTAINER: `namespace/pod/` (Kubernetes) before the container's short id.
     let who = |c: &crate::status::CgroupStatus| -> String {
         let id = c.container_id.as_deref().map(|id| &id[..id.len().min(12)]);
-        match (c.pod.as_deref(), id) {
+        let who = match (c.pod.as_deref(), id) {
             (Some(p), Some(id)) => format!("{p}/{id}"),
             (Some(p), None) => p.to_string(),
             (None, Some(id)) => id.to_string(),
             (None, None) => "-".to_string(),
-        }
+        };
+        escape(&who).into_owned()
     };
     let cwidth = report
         .cgroups
         .iter()
-        .map(|c| who(c).len())
+        .map(|c| who(c).chars().count())
         .chain([12])
         .max()
         .unwrap_or(12);
     let _ = writeln!(
         out,
-        "{:<width$}  {:<cwidth$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  LIMIT-FROM",
-        "CGROUP", "CONTAINER", "PIDS", "USED", "LIMIT", "DENIED", "COMPUTE", "TURNS", "GPU-TIME"
+        "{:<width$}  {:<cwidth$}  {:<16}  {:>10}  {:>10}  {:>7}  {:>12}  {:>8}  {:>8}  LIMIT-FROM",
+        "CGROUP", "CONTAINER", "PIDS", "USED", "LIMIT", "DENIED*", "COMPUTE", "TURNS", "GPU-TIME"
     );
     for c in &report.cgroups {
         let pids = if c.pids.is_empty() {
@@ -130,13 +140,13 @@ pub fn table(report: &StatusReport) -> String {
                 .map_or_else(|| "-".to_string(), |t| format!("{t:.1}%"))
         };
         let from = match &c.memory_limit_from {
-            Some(f) if *f != c.cgroup => f.as_str(),
-            _ => "",
+            Some(f) if *f != c.cgroup => escape(f),
+            _ => "".into(),
         };
         let _ = writeln!(
             out,
-            "{:<width$}  {:<cwidth$}  {:<16}  {:>10}  {:>10}  {:>6}  {:>12}  {:>8}  {:>8}  {from}",
-            c.cgroup,
+            "{:<width$}  {:<cwidth$}  {:<16}  {:>10}  {:>10}  {:>7}  {:>12}  {:>8}  {:>8}  {from}",
+            escape(&c.cgroup),
             who(c),
             pids,
             Size(c.memory_used_bytes).to_string(),
@@ -159,7 +169,7 @@ pub fn table(report: &StatusReport) -> String {
                 out,
                 "{:<width$}  not parkable: {}",
                 "",
-                c.park_pinned.join(", ")
+                escape(&c.park_pinned.join(", "))
             );
         }
         if !c.memory_limit_gpus.is_empty() {
@@ -169,7 +179,7 @@ pub fn table(report: &StatusReport) -> String {
                     "{:<width$}  {:<cwidth$}  {:<16}  {:>10}  {:>10}",
                     format!("  GPU {}", d.device),
                     "",
-                    d.uuid.as_deref().unwrap_or("-"),
+                    escape(d.uuid.as_deref().unwrap_or("-")),
                     Size(d.memory_used_bytes).to_string(),
                     d.limit_bytes
                         .map_or_else(|| "-".to_string(), |l| Size(l).to_string()),
@@ -195,12 +205,19 @@ pub fn table(report: &StatusReport) -> String {
                     (None, Some(k)) => format!("cap {k}%"),
                     (Some(s), Some(k)) => format!("{s}% cap {k}%"),
                 };
-                let _ = writeln!(out, "{:<width$}  compute on {uuid}: {setting}", "");
+                let _ = writeln!(
+                    out,
+                    "{:<width$}  compute on {}: {setting}",
+                    "",
+                    escape(uuid)
+                );
             }
         }
     }
     if report.cgroups.is_empty() {
         let _ = writeln!(out, "(no cgroup holds GPU memory)");
+    } else {
+        let _ = writeln!(out, "{DENIED_LEGEND}");
     }
     if report.own_only {
         let _ = writeln!(
@@ -217,7 +234,7 @@ pub fn table(report: &StatusReport) -> String {
         if report.libraries.is_empty() {
             "-".to_string()
         } else {
-            report.libraries.join(", ")
+            escape(&report.libraries.join(", ")).into_owned()
         },
         k.ringbuf_drops,
         k.map_full,
@@ -309,5 +326,40 @@ mod tests {
         assert!(t.contains("/fgpu/job-1"), "{t}");
         assert!(t.contains("this cgroup's row only"), "{t}");
         assert!(!t.contains("events dropped"), "{t}");
+    }
+
+    #[test]
+    fn names_tenants_chose_reach_the_terminal_escaped() {
+        // Clear the screen, set the clipboard (OSC 52), return to the line's start and write
+        // over it, reverse what follows.
+        let evil = "/t/x\x1b[2J\x1b]52;c;cm0gLXJmIH4K\x07\rroot-row\u{202e}gpj.exe";
+        let mut row = CgroupStatus {
+            alloc_denied: 7,
+            pod: Some("ns/p\x1b[31m".into()),
+            memory_limit_from: Some(format!("{evil}/..")),
+            ..CgroupStatus::empty(evil.into())
+        };
+        row.memory_limit_bytes = Some(1 << 30);
+        let report = StatusReport {
+            cgroups: vec![row],
+            libraries: vec!["/c/libcuda.so\x1b]0;t\x07".into()],
+            ..StatusReport::default()
+        };
+        let t = table(&report);
+        for line in t.lines() {
+            assert!(
+                line.chars().all(|c| (' '..='~').contains(&c)),
+                "raw control or format characters in {line:?}"
+            );
+        }
+        assert!(
+            t.contains("/t/x\\x1b[2J\\x1b]52;c;cm0gLXJmIH4K\\x07\\x0droot-row\\u{202e}gpj.exe"),
+            "{t}"
+        );
+        assert!(t.contains("ns/p\\x1b[31m") && t.contains("libcuda.so\\x1b]0;t\\x07"), "{t}");
+        // The columns line up after the escapes.
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0].find("CONTAINER"), lines[1].find("ns/p"), "{t}");
+        assert!(lines[0].contains("DENIED*") && t.contains("as reported by the tenant"), "{t}");
     }
 }

@@ -97,7 +97,7 @@ pub fn frame(report: &StatusReport, interval: Option<Duration>, cols: usize) -> 
         .count();
     let denied: u64 = report.cgroups.iter().map(|c| c.alloc_denied).sum();
     let mut head = format!(
-        "fgpu top - {} cgroups using a GPU, {limited} with a memory limit, {denied} allocations denied",
+        "fgpu top - {} cgroups using a GPU, {limited} with a memory limit, {denied} allocations denied (reported by the tenants)",
         report.cgroups.len()
     );
     if let Some(i) = interval {
@@ -117,12 +117,12 @@ pub fn frame(report: &StatusReport, interval: Option<Duration>, cols: usize) -> 
         "{}",
         fit(
             &format!(
-                "{:<name_w$}  {:<w$}  {:>10}  {:>10}  {:>6}  {:>6}  {:>6}  {:>6}  {:>6}",
+                "{:<name_w$}  {:<w$}  {:>10}  {:>10}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}",
                 "CONTAINER",
                 "MEMORY",
                 "USED",
                 "LIMIT",
-                "DENIED",
+                "DENIED*",
                 "SHARE",
                 "CAP",
                 "TURNS",
@@ -134,7 +134,7 @@ pub fn frame(report: &StatusReport, interval: Option<Duration>, cols: usize) -> 
     );
     for c in &report.cgroups {
         let line = format!(
-            "{:<name_w$}  {}  {:>10}  {:>10}  {:>6}  {:>6}  {:>6}  {:>6}  {:>6}",
+            "{:<name_w$}  {}  {:>10}  {:>10}  {:>7}  {:>6}  {:>6}  {:>6}  {:>6}",
             cut(&name(c), name_w),
             bar(c.memory_used_bytes, c.memory_limit_bytes),
             Size(c.memory_used_bytes).to_string(),
@@ -177,9 +177,10 @@ pub fn frame(report: &StatusReport, interval: Option<Duration>, cols: usize) -> 
 }
 
 /// What a row is called: the cgroup path, with the container id cut to 12 digits (as
-/// `docker ps` shows it) where the path names one.
+/// `docker ps` shows it) where the path names one; escaped ([`fgpu_common::inert`]), as
+/// a tenant may have chosen the name.
 fn name(c: &CgroupStatus) -> String {
-    let path = crate::status::printable(&c.cgroup);
+    let path = fgpu_common::inert::escape(&c.cgroup).into_owned();
     match fgpu_common::cgroup::naming::identity(&c.cgroup).container {
         Some(ctr) => path.replace(&ctr.id, ctr.short()),
         None => path,
@@ -366,5 +367,27 @@ mod tests {
         assert!(lines[4].starts_with("kernel: 0 events dropped"), "{f}");
         let narrow = frame(&report, Some(Duration::from_secs(2)), 30);
         assert!(narrow.lines().all(|l| l.chars().count() <= 30), "{narrow}");
+    }
+
+    #[test]
+    fn names_tenants_chose_reach_the_terminal_escaped() {
+        // Escaped, it fits the column (48 characters at most).
+        let evil = "/t\x1b[2J\x1b]52;c;YQ==\x07\rr\u{2067}\u{9b}";
+        let report = StatusReport {
+            cgroups: vec![row(evil, 1 << 20, None, 3)],
+            ..StatusReport::default()
+        };
+        let f = frame(&report, None, usize::MAX);
+        for line in f.lines() {
+            assert!(
+                line.chars().all(|c| (' '..='~').contains(&c)),
+                "raw control or format characters in {line:?}"
+            );
+        }
+        assert!(
+            f.contains("/t\\x1b[2J\\x1b]52;c;YQ==\\x07\\x0dr\\u{2067}\\u{9b} "),
+            "{f}"
+        );
+        assert!(f.contains("DENIED*") && f.contains("(reported by the tenants)"), "{f}");
     }
 }
