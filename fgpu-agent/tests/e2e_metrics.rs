@@ -67,8 +67,8 @@ fn compare(status: &Value, detail: &Value, m: &[Series]) -> Result<(), String> {
                 r["memory_limit_bytes"].as_f64(),
             ),
             (
-                "fgpu_cgroup_alloc_denied_total",
-                get("fgpu_cgroup_alloc_denied_total"),
+                "fgpu_cgroup_alloc_denied_reported_total",
+                get("fgpu_cgroup_alloc_denied_reported_total"),
                 r["alloc_denied"].as_f64(),
             ),
             (
@@ -201,7 +201,7 @@ fn privileged_metrics_agree_with_status_pass_promtool_and_follow_cgroups() {
     assert_eq!(
         one(
             &series,
-            "fgpu_cgroup_alloc_denied_total",
+            "fgpu_cgroup_alloc_denied_reported_total",
             &[("cgroup", &a.path)]
         ),
         2.0
@@ -230,7 +230,7 @@ fn privileged_metrics_agree_with_status_pass_promtool_and_follow_cgroups() {
     let (passed, lint) = promtool(&text);
     assert!(passed, "promtool check metrics:\n{lint}\n{text}");
     assert!(
-        text.contains("# TYPE fgpu_cgroup_alloc_denied_total counter\n"),
+        text.contains("# TYPE fgpu_cgroup_alloc_denied_reported_total counter\n"),
         "{text}"
     );
     assert!(text.contains("# TYPE fgpu_gpu_info gauge\n"), "{text}");

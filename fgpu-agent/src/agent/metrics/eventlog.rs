@@ -4,6 +4,10 @@
 //! (Limit changes and the kernel backstop's actions are logged where they happen, with
 //! `event` fields of their own: docs/observability.md.) At most one line per ledger per
 //! second, whatever a container does.
+//!
+//! The counts are the tenant's own: its shims write them in its usage page, which its
+//! processes share read-write, so a tenant can write any number there. The line says so
+//! (`reported_by="tenant"`, "as reported by the tenant" in the message).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -53,9 +57,10 @@ pub async fn run(state: Arc<State>) {
                 cgroup = %l.cgroup,
                 denied = total - before,
                 denied_total = total,
+                reported_by = "tenant",
                 limit_bytes = limit,
                 limit_gpus = per_gpu.as_deref(),
-                "{} allocation(s) refused at the {shown} limit",
+                "{} allocation(s) refused at the {shown} limit, as reported by the tenant",
                 total - before,
             );
         }

@@ -259,8 +259,8 @@ impl Families<'_> {
             }),
         );
         fam(
-            "cgroup_alloc_denied",
-            "Allocations the shims refused because they would have crossed the limit (the ledger's count)",
+            "cgroup_alloc_denied_reported",
+            "Allocations the cgroup's shims report they refused at its limit: the tenant's own count, written in its usage page, not checked by the agent",
         )
         .counters(out, self.per_cgroup(|r| Some(r.alloc_denied as f64)));
         fam(

@@ -130,7 +130,7 @@ fn a_cgroup_has_its_figures_with_dcgm_and_container_labels() {
     for want in [
         format!(r#"fgpu_cgroup_memory_used_bytes{{{base},gpu="1",UUID="{uuid}"}} 3221225472.0"#),
         format!("fgpu_cgroup_memory_limit_bytes{{{base}}} 4294967296.0"),
-        format!("fgpu_cgroup_alloc_denied_total{{{base}}} 9.0"),
+        format!("fgpu_cgroup_alloc_denied_reported_total{{{base}}} 9.0"),
         format!("fgpu_cgroup_backstop_actions_total{{{base}}} 2.0"),
         format!("fgpu_cgroup_processes{{{base}}} 2.0"),
         format!("fgpu_cgroup_compute_share_ratio{{{base}}} 0.3"),
@@ -176,7 +176,7 @@ fn a_cgroup_gone_from_the_report_has_no_series() {
 
 #[test]
 fn hostile_cgroup_names_cannot_forge_series() {
-    let evil = "/fgpu/x\"} 1\nfgpu_cgroup_alloc_denied_total{cgroup=\"/victim\"} 999\n#";
+    let evil = "/fgpu/x\"} 1\nfgpu_cgroup_alloc_denied_reported_total{cgroup=\"/victim\"} 999\n#";
     let text = encode(&sample(vec![row(evil, 1, None, 0)]));
     assert!(!text.contains("999\n"), "{text}");
     for line in series(&text) {
@@ -190,7 +190,7 @@ fn the_names_come_from_the_registry() {
     for n in [
         "fgpu_cgroup_memory_used_bytes",
         "fgpu_cgroup_memory_limit_bytes",
-        "fgpu_cgroup_alloc_denied_total",
+        "fgpu_cgroup_alloc_denied_reported_total",
         "fgpu_cgroup_backstop_actions_total",
         "fgpu_events_dropped_total",
         "fgpu_gpu_info",
@@ -386,9 +386,9 @@ fn the_classic_format_names_counters_and_infos_as_text_0_0_4_does() {
     let uuid = "GPU-00000001-1111-2222-3333-444444444444";
     let lines: Vec<&str> = text.lines().collect();
     for want in [
-        "# TYPE fgpu_cgroup_alloc_denied_total counter".to_string(),
-        "# HELP fgpu_cgroup_alloc_denied_total Allocations the shims refused because they would have crossed the limit (the ledger's count)".to_string(),
-        format!("fgpu_cgroup_alloc_denied_total{{{base}}} 9"),
+        "# TYPE fgpu_cgroup_alloc_denied_reported_total counter".to_string(),
+        "# HELP fgpu_cgroup_alloc_denied_reported_total Allocations the cgroup's shims report they refused at its limit: the tenant's own count, written in its usage page, not checked by the agent".to_string(),
+        format!("fgpu_cgroup_alloc_denied_reported_total{{{base}}} 9"),
         "# TYPE fgpu_ledger_gpu_time_seconds_total counter".to_string(),
         format!(r#"fgpu_ledger_gpu_time_seconds_total{{ledger="/fgpu/a",gpu="1",UUID="{uuid}",Hostname="node-1"}} 1.5"#),
         "# TYPE fgpu_cgroup_memory_used_bytes gauge".to_string(),
@@ -408,7 +408,7 @@ fn the_classic_format_names_counters_and_infos_as_text_0_0_4_does() {
         "# EOF",
         "# UNIT",
         "_created",
-        "# TYPE fgpu_cgroup_alloc_denied counter",
+        "# TYPE fgpu_cgroup_alloc_denied_reported counter",
     ] {
         assert!(!text.contains(absent), "{absent} in\n{text}");
     }
@@ -473,7 +473,7 @@ fn both_formats_carry_the_same_series_and_families() {
 
 #[test]
 fn hostile_cgroup_names_cannot_forge_classic_series() {
-    let evil = "/fgpu/x\"} 1\nfgpu_cgroup_alloc_denied_total{cgroup=\"/victim\"} 999\n#";
+    let evil = "/fgpu/x\"} 1\nfgpu_cgroup_alloc_denied_reported_total{cgroup=\"/victim\"} 999\n#";
     let text = classic(&sample(vec![row(evil, 1, None, 0)]));
     assert!(!text.contains("999\n"), "{text}");
     for line in series(&text) {
