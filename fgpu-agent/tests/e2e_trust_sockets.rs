@@ -6,14 +6,21 @@
 //!   ledger's page, nor adopt for a cgroup a page that was another cgroup's;
 //! - one tenant's many sub-cgroups share one connection quota: a shim elsewhere is still
 //!   admitted and the host's `status` answers within 100 ms.
+//!
+//! And what the operator is shown of what tenants chose or wrote:
+//! - a cgroup named with terminal sequences reaches `fgpu status` and the text log escaped;
+//! - a tenant's look-alike of another pod's cgroups inside its own is reported as the
+//!   tenant, in `fgpu status --json` and the metrics, and `container:ID` finds the real one;
+//! - the denial count a tenant writes in its usage page is shown as the tenant's report.
 
 mod common;
+mod metrics_http;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Agent, Cgroup, privileged, status_round_trip, unique};
+use common::{Agent, Cgroup, Load, SimState, privileged, status_round_trip, unique};
 use serde_json::Value;
 
 /// Client side of the shim protocol in Python; every reply is printed as one JSON line:
@@ -406,4 +413,304 @@ fn privileged_a_tenants_sub_cgroups_share_one_connection_quota() {
     }
     assert!(max < 100.0, "a status round trip took {max:.1} ms");
     drop(flood);
+}
+
+/// Whether `text` has a character a terminal could act on or hide (a C0 control other than
+/// the line ends, DEL, a C1 control, a bidi or other invisible format character).
+fn raw_controls(text: &str) -> Vec<char> {
+    text.chars()
+        .filter(|&c| c != '\n' && fgpu_common::inert::is_unsafe(c))
+        .collect()
+}
+
+/// A sim load (no shim) in `cg` holding `size` of GPU memory until dropped.
+fn holder(cg: &Cgroup, state: &SimState, size: &str) -> Load {
+    let mut load = Load::spawn(cg, &state.0, &["alloc", size, "hold"]);
+    load.expect_line("ready");
+    load
+}
+
+#[test]
+fn privileged_a_cgroup_named_with_terminal_sequences_reaches_the_admin_escaped() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let tenant = Cgroup::new(&unique("fgpu-trust-esc"));
+    // Clear the screen, put `rm -rf ~` in the admin's clipboard (OSC 52), go back to the
+    // start of the line and write a fake row over it, turn what follows around.
+    let evil = "x\x1b[2J\x1b]52;c;cm0gLXJmIH4K\x07\r/fgpu-ok 0 - \u{202e}gnp.exe";
+    let cg = Cgroup::new(&format!("{}/{evil}", &tenant.path[1..]));
+    common::ok(&agent.cli(&["limit", "set", &cg.path, "--memory", "1GiB"]));
+    // 300 MiB of context, 2 x 256 MiB, then one more 256 MiB refused: an alloc_denied line
+    // naming the cgroup.
+    let mut load = Load::spawn_with_shim(
+        &cg,
+        &state.0,
+        &agent,
+        &[
+            "alloc", "256MiB", "alloc", "256MiB", "alloc", "256MiB", "hold",
+        ],
+    );
+    load.expect_line("ready");
+    agent.wait_for(&cg, "a denial", Duration::from_secs(5), |s| {
+        s.is_some_and(|s| s["alloc_denied"] == 1)
+    });
+
+    let out = agent.cli(&["status"]);
+    let table = common::ok(&out);
+    eprintln!("{table}");
+    assert_eq!(
+        raw_controls(&table),
+        Vec::<char>::new(),
+        "`fgpu status` printed raw control characters: {table:?}"
+    );
+    let shown = format!(
+        "{}/x\\x1b[2J\\x1b]52;c;cm0gLXJmIH4K\\x07\\x0d/fgpu-ok 0 - \\u{{202e}}gnp.exe",
+        tenant.path
+    );
+    assert!(table.contains(&shown), "the row names {shown}: {table}");
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let lines = loop {
+        let log = agent.log_text();
+        let lines: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains("alloc_denied") && l.contains(&tenant.path))
+            .map(str::to_string)
+            .collect();
+        if !lines.is_empty() || Instant::now() > deadline {
+            break lines;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        !lines.is_empty(),
+        "no alloc_denied line:\n{}",
+        agent.log_text()
+    );
+    let log = agent.log_text();
+    assert_eq!(
+        raw_controls(&log),
+        Vec::<char>::new(),
+        "the text log has raw control characters: {lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains(&format!("cgroup={shown}"))),
+        "{lines:?}"
+    );
+    drop(load);
+}
+
+#[test]
+fn privileged_a_tenants_look_alike_of_another_pod_is_reported_as_the_tenant() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start_with(&["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_http::address_in_log(|| agent.log_text());
+    let state = SimState::new();
+    let base = unique("fgpu-trust-pods");
+    let victim_uid = "0c3d6f1e-2b4a-4c8e-9f00-123456789abc";
+    let victim_id = "d1".repeat(32);
+    let (a_uid, a_id) = ("1a1a1a1a-2b4a-4c8e-9f00-123456789abc", "a7".repeat(32));
+    let b_uid = "2b2b2b2b-2b4a-4c8e-9f00-123456789abc";
+    let victim = Cgroup::new(&format!("{base}/kubepods/pod{victim_uid}/{victim_id}"));
+    // Tenant a: a containerd container of a pod, with the victim's whole path inside.
+    let a = format!("{base}/kubepods/besteffort/pod{a_uid}/{a_id}");
+    let a_fake = Cgroup::new(&format!("{a}/kubepods/pod{victim_uid}/{victim_id}"));
+    // Tenant b: a container the runtime named `ctr`, with the same look-alike.
+    let b = format!("{base}/kubepods/besteffort/pod{b_uid}/ctr");
+    let b_fake = Cgroup::new(&format!("{b}/kubepods/pod{victim_uid}/{victim_id}"));
+    let _held = [
+        holder(&victim, &state, "256MiB"),
+        holder(&a_fake, &state, "512MiB"),
+        holder(&b_fake, &state, "768MiB"),
+    ];
+    for cg in [&victim, &a_fake, &b_fake] {
+        agent.wait_for(cg, "its memory", Duration::from_secs(5), |s| {
+            s.is_some_and(|s| s["memory_used_bytes"].as_u64() > Some(0))
+        });
+    }
+
+    // `container:ID` resolves to the victim's container, whatever its look-alikes.
+    let out = agent.cli(&[
+        "limit",
+        "set",
+        &format!("container:{victim_id}"),
+        "--memory",
+        "2GiB",
+    ]);
+    common::ok(&out);
+    let limited: Vec<String> = agent
+        .status()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["memory_limit_bytes"] == 2u64 << 30)
+        .map(|r| r["cgroup"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(limited, [victim.path.clone()]);
+
+    // `fgpu status --json`: each row names its own pod and container.
+    let rows = agent.status();
+    let row = |cg: &Cgroup| {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["cgroup"] == cg.path.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {}: {rows:#}", cg.path))
+    };
+    let who = |r: &Value| (r["pod_uid"].clone(), r["container_id"].clone());
+    assert_eq!(
+        who(&row(&victim)),
+        (victim_uid.into(), victim_id.clone().into())
+    );
+    assert_eq!(
+        who(&row(&a_fake)),
+        (a_uid.into(), a_id.clone().into()),
+        "{}",
+        row(&a_fake)
+    );
+    assert_eq!(
+        who(&row(&b_fake)),
+        (b_uid.into(), Value::Null),
+        "{}",
+        row(&b_fake)
+    );
+
+    // The metrics: only the victim's own memory is summed into its pod and container.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let series = loop {
+        let (_, series) = metrics_http::scrape(&addr);
+        let have = |cg: &Cgroup| {
+            series
+                .iter()
+                .any(|s| s.name == "fgpu_cgroup_memory_used_bytes" && s.labels["cgroup"] == cg.path)
+        };
+        if [&victim, &a_fake, &b_fake].into_iter().all(have) || Instant::now() > deadline {
+            break series;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let sum_by = |label: &str, value: &str| -> f64 {
+        series
+            .iter()
+            .filter(|s| s.name == "fgpu_cgroup_memory_used_bytes")
+            .filter(|s| s.labels.get(label).is_some_and(|v| v == value))
+            .map(|s| s.value)
+            .sum()
+    };
+    assert_eq!(sum_by("pod_uid", victim_uid), (256u64 << 20) as f64);
+    assert_eq!(sum_by("container_id", &victim_id), (256u64 << 20) as f64);
+    assert_eq!(sum_by("pod_uid", a_uid), (512u64 << 20) as f64);
+    assert_eq!(sum_by("pod_uid", b_uid), (768u64 << 20) as f64);
+
+    drop(_held);
+    drop((a_fake, b_fake, victim));
+    for dir in [
+        format!("{a}/kubepods/pod{victim_uid}"),
+        format!("{a}/kubepods"),
+        a.clone(),
+        format!("{b}/kubepods/pod{victim_uid}"),
+        format!("{b}/kubepods"),
+        b.clone(),
+        format!("{base}/kubepods/besteffort/pod{a_uid}"),
+        format!("{base}/kubepods/besteffort/pod{b_uid}"),
+        format!("{base}/kubepods/besteffort"),
+        format!("{base}/kubepods/pod{victim_uid}"),
+        format!("{base}/kubepods"),
+        base.clone(),
+    ] {
+        let _ = std::fs::remove_dir(common::cgroup2_mount().join(dir));
+    }
+}
+
+/// Hello, then the count of denials written straight into the usage page (device 0's
+/// `alloc_denied`, at byte 40 of the usage memfd), then held.
+const WRITES_DENIED: &str = r#"
+import mmap
+s, out, fds = hello()
+m = mmap.mmap(fds[1], 4096)
+struct.pack_into("<Q", m, 40, int(sys.argv[2]))
+say(out)
+sys.stdin.read()
+"#;
+
+#[test]
+fn privileged_a_denial_count_a_tenant_writes_is_shown_as_its_report() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start_with(&["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_http::address_in_log(|| agent.log_text());
+    let state = SimState::new();
+    let tenant = Cgroup::new(&unique("fgpu-trust-denied"));
+    common::ok(&agent.cli(&["limit", "set", &tenant.path, "--memory", "4GiB"]));
+    let _held = holder(&tenant, &state, "256MiB");
+    let mut writer = Client::spawn(&tenant, &agent, WRITES_DENIED, &["424242"]);
+    let hello = writer.line();
+    assert_eq!(hello["kind"], LEDGER_REPLY, "{hello}");
+    agent.wait_for(&tenant, "the written count", Duration::from_secs(5), |s| {
+        s.is_some_and(|s| s["alloc_denied"] == 424_242)
+    });
+
+    // The table: the column and a legend say whose count it is.
+    let table = common::ok(&agent.cli(&["status"]));
+    let header = table.lines().next().unwrap();
+    assert!(header.contains(" DENIED* "), "{table}");
+    assert!(
+        table.contains("DENIED*: allocations refused at the limit, as reported by the tenant"),
+        "{table}"
+    );
+
+    // The metrics: a counter named as the tenant's report, and none that is not.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (text, series) = loop {
+        let (text, series) = metrics_http::scrape(&addr);
+        if text.contains(&tenant.path) || Instant::now() > deadline {
+            break (text, series);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let reported: Vec<f64> = series
+        .iter()
+        .filter(|s| {
+            s.name == "fgpu_cgroup_alloc_denied_reported_total" && s.labels["cgroup"] == tenant.path
+        })
+        .map(|s| s.value)
+        .collect();
+    assert_eq!(reported, [424_242.0], "{text}");
+    assert!(
+        !text.contains("fgpu_cgroup_alloc_denied_total"),
+        "a denial counter not named as the tenant's report: {text}"
+    );
+    assert!(
+        text.contains(
+            "# HELP fgpu_cgroup_alloc_denied_reported_total Allocations the cgroup's shims report"
+        ),
+        "{text}"
+    );
+
+    // The log: the line says it is the tenant's word.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let line = loop {
+        let found = agent
+            .log_text()
+            .lines()
+            .find(|l| l.contains("event=\"alloc_denied\"") && l.contains(&tenant.path))
+            .map(str::to_string);
+        if found.is_some() || Instant::now() > deadline {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let line = line.unwrap_or_else(|| panic!("no alloc_denied line:\n{}", agent.log_text()));
+    assert!(
+        line.contains("as reported by the tenant") && line.contains("reported_by=\"tenant\""),
+        "{line}"
+    );
+    drop(writer);
 }
