@@ -243,11 +243,13 @@ pub fn printable(s: &str) -> String {
         if out.len() + c.len_utf8() > MAX_PRINTABLE {
             break;
         }
-        out.push(if c == '\\' || c == '"' || fgpu_common::inert::is_unsafe(c) {
-            '_'
-        } else {
-            c
-        });
+        out.push(
+            if c == '\\' || c == '"' || fgpu_common::inert::is_unsafe(c) {
+                '_'
+            } else {
+                c
+            },
+        );
     }
     out
 }

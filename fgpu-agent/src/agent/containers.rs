@@ -164,8 +164,14 @@ mod tests {
         ] {
             std::fs::create_dir_all(m.join(d)).unwrap();
         }
-        assert_eq!(resolve("container:cccc", "cccc", &m).unwrap(), format!("/{victim}"));
-        assert_eq!(resolve("container:aaaa0", "aaaa0", &m).unwrap(), format!("/{tenant}"));
+        assert_eq!(
+            resolve("container:cccc", "cccc", &m).unwrap(),
+            format!("/{victim}")
+        );
+        assert_eq!(
+            resolve("container:aaaa0", "aaaa0", &m).unwrap(),
+            format!("/{tenant}")
+        );
         std::fs::remove_dir_all(&m).unwrap();
     }
 }

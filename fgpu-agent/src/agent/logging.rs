@@ -49,7 +49,11 @@ pub fn init(filter: &str, format: LogFormat) -> Result<()> {
 pub struct InertFields;
 
 impl<'writer> FormatFields<'writer> for InertFields {
-    fn format_fields<R: RecordFields>(&self, mut writer: Writer<'writer>, fields: R) -> fmt::Result {
+    fn format_fields<R: RecordFields>(
+        &self,
+        mut writer: Writer<'writer>,
+        fields: R,
+    ) -> fmt::Result {
         let ansi = writer.has_ansi_escapes();
         let mut visitor = Visitor {
             out: &mut writer,
@@ -178,7 +182,8 @@ mod tests {
             "{line}"
         );
         assert!(
-            body.contains("cgroup=/t/a\\x1b[2J\\x1b]52;") && body.contains("event=\"alloc_denied\""),
+            body.contains("cgroup=/t/a\\x1b[2J\\x1b]52;")
+                && body.contains("event=\"alloc_denied\""),
             "{line}"
         );
         // With colour: the formatter's own sequences only.

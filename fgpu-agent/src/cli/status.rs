@@ -356,10 +356,16 @@ mod tests {
             t.contains("/t/x\\x1b[2J\\x1b]52;c;cm0gLXJmIH4K\\x07\\x0droot-row\\u{202e}gpj.exe"),
             "{t}"
         );
-        assert!(t.contains("ns/p\\x1b[31m") && t.contains("libcuda.so\\x1b]0;t\\x07"), "{t}");
+        assert!(
+            t.contains("ns/p\\x1b[31m") && t.contains("libcuda.so\\x1b]0;t\\x07"),
+            "{t}"
+        );
         // The columns line up after the escapes.
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines[0].find("CONTAINER"), lines[1].find("ns/p"), "{t}");
-        assert!(lines[0].contains("DENIED*") && t.contains("as reported by the tenant"), "{t}");
+        assert!(
+            lines[0].contains("DENIED*") && t.contains("as reported by the tenant"),
+            "{t}"
+        );
     }
 }

@@ -388,6 +388,9 @@ mod tests {
             f.contains("/t\\x1b[2J\\x1b]52;c;YQ==\\x07\\x0dr\\u{2067}\\u{9b} "),
             "{f}"
         );
-        assert!(f.contains("DENIED*") && f.contains("(reported by the tenants)"), "{f}");
+        assert!(
+            f.contains("DENIED*") && f.contains("(reported by the tenants)"),
+            "{f}"
+        );
     }
 }

@@ -98,9 +98,15 @@ fn a_cgroup_inside_a_container_belongs_to_it() {
     assert_eq!(c.1, ID);
     let inner = ID.replace('1', "2");
     let c = container(&format!("/docker/{ID}/docker/{inner}")).unwrap();
-    assert_eq!(c.1, ID, "the outermost container: the inner one is its own making");
+    assert_eq!(
+        c.1, ID,
+        "the outermost container: the inner one is its own making"
+    );
     let c = identity(&format!("/machine.slice/libpod-{ID}.scope/container/x")).container;
-    assert_eq!(c.unwrap().cgroup, format!("/machine.slice/libpod-{ID}.scope"));
+    assert_eq!(
+        c.unwrap().cgroup,
+        format!("/machine.slice/libpod-{ID}.scope")
+    );
 }
 
 #[test]
@@ -314,7 +320,11 @@ fn a_tenants_look_alikes_name_the_tenant() {
         (format!("/system.slice/docker-{ID}.scope"), None, Some(ID)),
         (format!("/docker/{ID}"), None, Some(ID)),
         ("/system.slice/job.service".to_string(), None, None),
-        ("/user.slice/user-0.slice/user@0.service/app.slice".into(), None, None),
+        (
+            "/user.slice/user-0.slice/user@0.service/app.slice".into(),
+            None,
+            None,
+        ),
     ];
     for (tenant, pod, container) in &tenants {
         for fake in &fakes {
@@ -356,7 +366,7 @@ fn every_name_the_kubelet_may_give_a_pod_reads_back_as_that_pod() {
             let p = identity(name).pod.unwrap_or_else(|| panic!("{name}"));
             assert_eq!(p.uid, uid, "{name}");
             assert_eq!(&p.cgroup, name, "{name}");
-                        assert_eq!(identity(name).container, None, "{name}");
+            assert_eq!(identity(name).container, None, "{name}");
         }
     }
     let u = uid.replace('-', "_");
