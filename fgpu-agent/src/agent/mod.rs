@@ -169,9 +169,9 @@ pub struct AgentArgs {
     log_format: logging::LogFormat,
 
     /// Serve metrics (OpenMetrics, for Prometheus) on http://ADDR/metrics, with /healthz and
-    /// /readyz for liveness and readiness probes; e.g. 127.0.0.1:9400, or 0.0.0.0:9400 for a
-    /// scraper on the node network (port 0 picks a free port; the log says which). Off by
-    /// default.
+    /// /readyz for liveness and readiness probes; e.g. 127.0.0.1:9400. Whoever reaches ADDR
+    /// reads every tenant's figures: 0.0.0.0:9400 is every peer that can route to the node
+    /// (port 0 picks a free port; the log says which). Off by default.
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
 }

@@ -2,6 +2,8 @@
 //! its log, a parser of the samples of either exposition format, and promtool.
 #![allow(dead_code)]
 
+pub mod flood;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -235,4 +237,112 @@ pub fn promtool(text: &str) -> (bool, String) {
             String::from_utf8_lossy(&out.stderr)
         ),
     )
+}
+
+/// A TCP connection to `addr` (an IPv4 `ip:port`) from source address `src` (any of
+/// 127.0.0.0/8 on loopback): another peer to the listener. With `wait`, connects as `connect`
+/// does; without, returns at once with the connection under way (the socket non-blocking).
+pub fn connect_from(src: [u8; 4], addr: &str, wait: bool) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let dest: std::net::SocketAddrV4 = addr.parse().expect("an IPv4 address and port");
+    let sockaddr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let kind = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | if wait { 0 } else { libc::SOCK_NONBLOCK };
+    // SAFETY: a plain socket(2); the descriptor is owned by the TcpStream made below (or
+    // closed on error).
+    let fd = unsafe { libc::socket(libc::AF_INET, kind, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a socket of ours that nothing else owns.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    let from = sockaddr(src.into(), 0);
+    let to = sockaddr(*dest.ip(), dest.port());
+    // SAFETY: bind(2) and connect(2) on our socket with valid sockaddr_in of `len` bytes.
+    unsafe {
+        if libc::bind(fd, (&raw const from).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::connect(fd, (&raw const to).cast(), len) != 0 {
+            let err = std::io::Error::last_os_error();
+            if wait || err.raw_os_error() != Some(libc::EINPROGRESS) {
+                return Err(err);
+            }
+        }
+    }
+    Ok(stream)
+}
+
+/// `GET path` from source address `src`, as a kubelet probe does (a connection of its own,
+/// `Connection: close`): the response and how long it took, or why there was none within
+/// `limit` (connecting included).
+pub fn probe_from(
+    src: [u8; 4],
+    addr: &str,
+    path: &str,
+    limit: Duration,
+) -> Result<(Response, Duration), String> {
+    let start = Instant::now();
+    let left = |start: Instant| {
+        limit
+            .checked_sub(start.elapsed())
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("no answer within {limit:?}"))
+    };
+    // Connecting counts against the limit too: a listener that does not accept leaves the
+    // connection in its backlog, and a full backlog drops it.
+    let mut s = connect_from(src, addr, false).map_err(|e| format!("connect: {e}"))?;
+    let mut fd = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(&s),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    let ms = left(start)?.as_millis() as libc::c_int;
+    // SAFETY: poll(2) on one valid pollfd of ours.
+    if unsafe { libc::poll(&raw mut fd, 1, ms) } != 1 {
+        return Err(format!("not connected within {limit:?}"));
+    }
+    if let Some(e) = s.take_error().map_err(|e| e.to_string())? {
+        return Err(format!("connect: {e}"));
+    }
+    s.set_nonblocking(false).unwrap();
+    s.set_write_timeout(Some(left(start)?)).unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .map_err(|e| format!("sending: {e}"))?;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 64 * 1024];
+    loop {
+        s.set_read_timeout(Some(left(start)?)).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return Err(format!(
+                    "no answer within {limit:?} ({} bytes of it)",
+                    out.len()
+                ));
+            }
+            Err(e) => return Err(format!("reading: {e} ({} bytes read)", out.len())),
+        }
+    }
+    let took = start.elapsed();
+    if took > limit {
+        return Err(format!("answered after {took:?}, past {limit:?}"));
+    }
+    if out.is_empty() {
+        return Err("closed without an answer".into());
+    }
+    Ok((parse_response(&out), took))
 }

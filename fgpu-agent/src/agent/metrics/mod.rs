@@ -8,6 +8,7 @@
 //! sampled at most once per [`PUBLISH_EVERY`]: a cgroup that is gone from the report has no
 //! series from the next sample on.
 
+mod admission;
 mod classic;
 pub mod eventlog;
 mod families;
