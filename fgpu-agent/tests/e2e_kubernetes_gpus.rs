@@ -4,8 +4,8 @@
 //! 4 GiB on the other and stops at each.
 //!
 //! Claims that add up past one GPU (12 GiB on each, a tensor-parallel pod) give 12 GiB per GPU
-//! and nothing larger than a GPU: the agent used to refuse the 24 GiB plain value, and the pod
-//! ran without a limit. A claim whose limit the agent refuses fails its prepare: the kubelet
+//! and a plain value no larger than a GPU: the agent refused the 24 GiB plain value, and the
+//! pod could run without a limit. A claim whose limit the agent refuses fails its prepare: the kubelet
 //! gets the error, and neither the claim's CDI spec nor its checkpoint entry is left.
 //!
 //! The simulator's settings go through this process's environment (`common::sim_node`): this
@@ -103,7 +103,7 @@ fn privileged_a_pods_claims_on_two_gpus_limit_each_gpu_to_its_own() {
     assert_eq!(devices[CLAIM_0][0].device_name, "gpu-0");
     assert_eq!(devices[CLAIM_1][0].device_name, "gpu-1");
 
-    // The pod's own limit: per GPU its claims there.
+    // The pod's own limit: per GPU its claims there, elsewhere their sum.
     let own = own_limit(&agent, &format!("/{pod}"))
         .unwrap_or_else(|| panic!("the pod is not limited\n{}", plugin.log_text()));
     assert_eq!(
@@ -116,12 +116,9 @@ fn privileged_a_pods_claims_on_two_gpus_limit_each_gpu_to_its_own() {
         serde_json::json!({UUID0: 30, UUID1: 20}),
         "{own}"
     );
-    // A plain value (left from the first claim's prepare) applies to no GPU here; it is
-    // never larger than a GPU.
-    assert!(
-        own["memory_bytes"].as_u64().is_none_or(|b| b <= 16 * GIB),
-        "{own}"
-    );
+    // Elsewhere (no other GPU here) their sum, which a GPU can hold.
+    assert_eq!(own["memory_bytes"], 12 * GIB, "{own}");
+    assert_eq!(own["compute_pct"], 50, "{own}");
 
     // A workload of the pod's container sees and stops at each GPU's own figure.
     let cg = cgroups.0.last().unwrap();
@@ -176,9 +173,10 @@ fn privileged_a_pods_claims_on_two_gpus_limit_each_gpu_to_its_own() {
         serde_json::json!({UUID0: 12 * GIB, UUID1: 12 * GIB}),
         "{own}"
     );
-    assert!(
-        own["memory_bytes"].as_u64().is_none_or(|b| b <= 16 * GIB),
-        "a plain value larger than a GPU: {own}"
+    assert_eq!(
+        own["memory_bytes"],
+        16 * GIB,
+        "no plain value above a GPU: {own}"
     );
 
     // A limit the agent refuses fails the prepare, and nothing of the claim is left.

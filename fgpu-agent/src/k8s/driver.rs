@@ -288,7 +288,7 @@ impl Driver {
     /// capacities there (per-GPU values, by the GPU's UUID); on any other GPU the pod can
     /// reach, the sum of all its claims up to the largest such GPU (the plain value: no more
     /// than it was given in all, where the node exposes GPUs the scheduler did not allocate
-    /// it; none where its claims are on every GPU of the node). A claim without a
+    /// it; never more than a GPU holds). A claim without a
     /// memory figure is its whole GPU: no memory limit there (and no plain one). `None`: no
     /// claims left.
     fn pod_limit(&self, st: &State, pod: &str) -> Option<Limit> {
@@ -419,11 +419,11 @@ fn pod_name(ckpt: &Checkpoint, pod: &str) -> Option<PodName> {
 /// `memory` their sizes (by device name).
 ///
 /// Every value is one a GPU can hold, whatever the claims add up to: a GPU's own value is the
-/// sum of the pod's claims there, and the plain value, which
-/// the agent applies to each GPU without one of its own, is the sum of all the claims capped
-/// at the largest such GPU. Where the pod has claims on every GPU of the node there is no
-/// plain value at all. (A tensor-parallel pod with 12 GiB on each of two 16 GiB GPUs asked
-/// 24 GiB on every GPU, which the agent refuses as larger than the device.)
+/// sum of the pod's claims there, and the plain value, which the agent applies to each GPU
+/// without one of its own, is the sum of all the claims capped at the largest such GPU (at
+/// the largest GPU of the node where the claims cover every GPU and it applies to none). A
+/// tensor-parallel pod with 12 GiB on each of two 16 GiB GPUs asked 24 GiB on every GPU,
+/// which the agent refuses as larger than the device.
 fn pod_limit(
     gpus: &BTreeMap<String, spec::Gpu>,
     memory: &BTreeMap<String, u64>,
@@ -466,22 +466,28 @@ fn pod_limit(
             compute_gpus.insert(uuid.to_string(), c as u8);
         }
     }
-    // The GPUs the plain values would apply to: those of the node the pod has no claim on.
+    // The plain memory value applies to the GPUs of the node the pod has no claim on: no
+    // more than the largest of them holds (where the claims cover the node it applies to
+    // none, and is held to the largest GPU all the same).
     let others: Vec<&spec::Gpu> = gpus
         .values()
         .filter(|g| !uuids.contains(&g.uuid.as_str()))
         .collect();
-    let largest_other = others.iter().filter_map(|g| size_of(&g.uuid)).max();
+    let pool = if others.is_empty() {
+        gpus.values().collect()
+    } else {
+        others
+    };
+    let largest = pool.iter().filter_map(|g| size_of(&g.uuid)).max();
     let memory = plans
         .iter()
         .try_fold(0u64, |acc, p| p.memory_bytes.map(|m| acc.saturating_add(m)))
-        .filter(|_| !others.is_empty())
-        .map(|m| largest_other.map_or(m, |size| m.min(size)));
+        .map(|m| largest.map_or(m, |size| m.min(size)));
     let compute = plans
         .iter()
         .try_fold(0u32, |acc, p| p.compute_pct.map(|c| acc + u32::from(c)))
         // 0: no share of its own; 100 or more: the whole GPU, nothing to hold.
-        .filter(|c| *c > 0 && *c < 100 && !others.is_empty())
+        .filter(|c| *c > 0 && *c < 100)
         .map(|c| c as u8);
     // Parking moves the pod's memory on every GPU, so a pod is parkable when one of its
     // claims asks for it, after the longest `parkAfter` its claims give (none parks it
@@ -570,8 +576,8 @@ mod tests {
 
     #[test]
     fn claims_adding_up_past_one_gpu_give_values_each_gpu_can_hold() {
-        // Two 16 GiB GPUs, 12 GiB claimed on each: 12 GiB per GPU and no plain value (the
-        // claims cover the node); it was 24 GiB everywhere, refused by the agent.
+        // Two 16 GiB GPUs, 12 GiB claimed on each: 12 GiB per GPU, and a plain value (which
+        // applies to no GPU here) no larger than a GPU; it was 24 GiB, refused by the agent.
         let two: BTreeMap<_, _> = gpus().into_iter().take(2).collect();
         let sizes2: BTreeMap<_, _> = sizes(16 * GIB).into_iter().take(2).collect();
         let a = plan("a", "gpu-0", Some(12 * GIB), Some(60));
@@ -581,13 +587,15 @@ mod tests {
             l.memory_gpus,
             BTreeMap::from([("GPU-0".into(), 12 * GIB), ("GPU-1".into(), 12 * GIB)])
         );
-        assert_eq!(l.memory_bytes, None, "every GPU has its own value");
-        assert_eq!(l.compute_pct, None);
+        assert_eq!(l.memory_bytes, Some(16 * GIB), "no larger than a GPU");
         // A third GPU without claims: the sum, but no more than that GPU holds.
         let l = pod_limit(&gpus(), &sizes(16 * GIB), &[&a, &b]).unwrap();
         assert_eq!(l.memory_bytes, Some(16 * GIB));
         assert_eq!(l.memory_on("GPU-2"), Some(16 * GIB));
-        assert_eq!(l.compute_pct, None, "120 %: no share of its own");
+        assert_eq!(
+            l.compute_pct, None,
+            "120 %: the whole GPU, no share to hold"
+        );
         // Unknown sizes (no NVML in the plugin): the sum, as the agent can judge it.
         let l = pod_limit(&gpus(), &BTreeMap::new(), &[&a, &b]).unwrap();
         assert_eq!(l.memory_bytes, Some(24 * GIB));
