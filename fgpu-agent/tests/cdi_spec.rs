@@ -57,6 +57,8 @@ fn the_generated_spec_is_valid_cdi_of_a_version_podman_4_3_takes() {
             "40GiB",
             "--default-memory",
             "8GiB",
+            "--max-compute",
+            "90",
         ][..],
         &[
             "--ld-so-preload",
@@ -64,9 +66,10 @@ fn the_generated_spec_is_valid_cdi_of_a_version_podman_4_3_takes() {
         ][..],
     ] {
         let (path, json) = generate(&dir, extra);
-        // The simulated driver has one GPU: all, 0 and its UUID.
+        // The simulated driver has one GPU: all, 0 and its UUID; and the device plugin's
+        // two grant devices (the hook alone).
         let devices = validate(&path).unwrap_or_else(|e| panic!("{extra:?}: {e:#}\n{json:#}"));
-        assert_eq!(devices, 3, "{json:#}");
+        assert_eq!(devices, 5, "{json:#}");
         let spec: container_device_interface::specs::config::Spec =
             serde_json::from_value(json.clone()).unwrap();
         let needed = minimum_required_version(&spec).unwrap();
@@ -94,6 +97,12 @@ fn the_generated_spec_is_valid_cdi_of_a_version_podman_4_3_takes() {
                 "/run/fgpu-admin/fgpu.sock"
             ]
         );
+        if extra.contains(&"--max-compute") {
+            assert!(
+                args.windows(2).any(|w| w == ["--max-compute", "90"]),
+                "{args:?}"
+            );
+        }
         let mounts = json["containerEdits"]["mounts"].as_array().unwrap();
         assert!(
             mounts
@@ -200,5 +209,62 @@ fn the_hook_without_an_agent_refuses_unless_allowed_and_passes_containers_that_a
         !ok && err.contains("memory 4GiB"),
         "the default is a limit to hold: {err}"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The hook run as a runtime runs it, on a config.json whose environment repeats one of
+/// fgpu's variables (a device plugin's value and the container's own: runc keeps the last,
+/// getenv the first, and containerd puts an image's ENV first): refused, naming the variable,
+/// before any agent is asked.
+#[test]
+fn the_hook_refuses_a_container_that_repeats_one_of_fgpus_variables() {
+    let dir = std::env::temp_dir().join(format!("fgpu-cdi-hook-dup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let state = format!(
+        r#"{{"ociVersion":"1.0.2","id":"0123456789abcdef","status":"creating","pid":{},"bundle":"{}"}}"#,
+        std::process::id(),
+        dir.display()
+    );
+    for (env, name) in [
+        (
+            r#""FGPU_COMPUTE_SHARE=99","PATH=/bin","FGPU_MEMORY_LIMIT=1GiB","FGPU_COMPUTE_SHARE=10""#,
+            "FGPU_COMPUTE_SHARE",
+        ),
+        (
+            r#""FGPU_MEMORY_LIMIT=1GiB","FGPU_MEMORY_LIMIT=40GiB""#,
+            "FGPU_MEMORY_LIMIT",
+        ),
+        (
+            r#""FGPU_PARK_AFTER=1h","FGPU_PARK_AFTER=1s""#,
+            "FGPU_PARK_AFTER",
+        ),
+    ] {
+        std::fs::write(
+            dir.join("config.json"),
+            format!(r#"{{"ociVersion":"1.0.2","process":{{"env":[{env}]}}}}"#),
+        )
+        .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
+            .args(["cdi", "hook", "--allow-without-agent", "--admin-socket"])
+            .arg(dir.join("no-agent.sock"))
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(state.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{env}: the container was let start");
+        assert!(
+            err.contains(&format!("{name} is set 2 times")) && err.contains("refused"),
+            "{env}: {err}"
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

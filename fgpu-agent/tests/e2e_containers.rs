@@ -316,3 +316,81 @@ fn privileged_two_podman_containers_hold_their_limits_with_the_agent_in_a_contai
     assert!(out.contains("probed:"), "{out}");
     two_containers(&doors);
 }
+
+/// fgpu's device plugin in Kubernetes gives a container its GPU and, beside it, the node
+/// spec's grant device of each resource asked for (`device-plugin-memory`,
+/// `device-plugin-compute`), with the variable of that resource. Here podman stands for the
+/// kubelet and containerd: the same devices and variables, the runtime writing config.json.
+/// A container asking compute only gets the node's default memory and its compute share; a
+/// variable of a resource it did not ask for is refused, naming it.
+#[test]
+fn privileged_device_plugin_grants_decide_what_a_podman_container_may_ask() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let doors = Doors {
+        socket: agent.socket.clone(),
+        admin: agent.admin.clone(),
+    };
+    let podman = Podman::new();
+    let spec = CdiSpec::generate(
+        &agent.socket,
+        &agent.admin,
+        &["--default-memory", "2GiB", "--max-compute", "90"],
+    );
+    let gpu = spec.device("0");
+    let compute = spec.device("device-plugin-compute");
+    let memory = spec.device("device-plugin-memory");
+
+    // Compute only (`fgpu.io/gpu-compute: 1`): the default memory, and the share asked.
+    let mut e = podman.load(
+        &[&gpu, &compute, "-e", "FGPU_COMPUTE_SHARE=1"],
+        &["info", "hold"],
+    );
+    assert_eq!(
+        info_total(&e.expect_line("info")),
+        2 * GIB,
+        "the default memory: {:?}",
+        e.lines
+    );
+    e.expect_line("ready");
+    let out = ok(&doors.cli(&[
+        "limit",
+        "get",
+        &format!("container:{}", &e.id()[..12]),
+        "--json",
+    ]));
+    let got: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(got["own"]["memory_bytes"], 2 * GIB, "{got}");
+    assert_eq!(got["own"]["compute_pct"], 1, "{got}");
+    let (status, err) = e.finish();
+    assert!(status.success(), "{err}");
+
+    // What a container adds for a resource it did not ask for is refused, by name.
+    for (devices, env, name) in [
+        (
+            &compute,
+            ["FGPU_COMPUTE_SHARE=1", "FGPU_MEMORY_LIMIT=12GiB"],
+            "FGPU_MEMORY_LIMIT",
+        ),
+        (
+            &memory,
+            ["FGPU_MEMORY_LIMIT=1GiB", "FGPU_COMPUTE_SHARE=99"],
+            "FGPU_COMPUTE_SHARE",
+        ),
+    ] {
+        let mut c = podman.run(
+            &[&gpu, devices, "-e", env[0], "-e", env[1]],
+            "/bin/sh",
+            &["-c", "echo started"],
+        );
+        let (status, err) = c.finish();
+        assert!(!status.success(), "started with {env:?}: {:?}", c.lines);
+        assert!(
+            err.contains(&format!("{name} is set")) && err.contains("refused"),
+            "{err}"
+        );
+    }
+    drop(spec);
+}

@@ -531,7 +531,9 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
             .into_inner();
         let a = &alloc.container_responses[0];
         assert_eq!(a.envs["FGPU_MEMORY_LIMIT"], (8 * GIB).to_string());
-        assert_eq!(a.cdi_devices.len(), 1);
+        // The GPU, and the grant the CDI hook reads (what the container may ask).
+        assert_eq!(a.cdi_devices.len(), 2);
+        assert_eq!(a.cdi_devices[1].name, "fgpu.io/gpu=device-plugin-memory");
         assert!(
             a.cdi_devices[0].name.starts_with("fgpu.io/gpu=GPU-"),
             "{:?}",
@@ -564,6 +566,10 @@ fn device_plugin_registers_lists_units_and_allocates_cdi_devices_on_one_gpu() {
             .unwrap()
             .into_inner();
         assert_eq!(a.container_responses[0].envs["FGPU_COMPUTE_SHARE"], "30");
+        assert_eq!(
+            a.container_responses[0].cdi_devices[1].name,
+            "fgpu.io/gpu=device-plugin-compute"
+        );
 
         // The kubelet restarts: its device manager deletes every socket in the directory
         // and takes registrations on a new kubelet.sock, dialling each plugin's endpoint.

@@ -1,8 +1,12 @@
-//! End-to-end (issue 26): a pod's DRA claims on two GPUs of a simulated two-GPU node limit
+//! End-to-end: a pod's DRA claims on two GPUs of a simulated two-GPU node (16 GiB each) limit
 //! each GPU to the claims allocated on it — 8 GiB / 30 % on gpu-0, 4 GiB / 20 % on gpu-1 —
 //! instead of their sum on every GPU; a workload in the pod's container sees 8 GiB on one and
-//! 4 GiB on the other and stops at each. GPUs the pod was not allocated (reachable where a node
-//! exposes every device node) keep the sum as before.
+//! 4 GiB on the other and stops at each.
+//!
+//! Claims that add up past one GPU (12 GiB on each, a tensor-parallel pod) give 12 GiB per GPU
+//! and a plain value no larger than a GPU: the agent refused the 24 GiB plain value, and the
+//! pod could run without a limit. A claim whose limit the agent refuses fails its prepare: the kubelet
+//! gets the error, and neither the claim's CDI spec nor its checkpoint entry is left.
 //!
 //! The simulator's settings go through this process's environment (`common::sim_node`): this
 //! file holds one test.
@@ -21,6 +25,13 @@ const GIB: u64 = 1 << 30;
 const POD: &str = "0c3d6f1e-2b4a-4c8e-9f00-0000000000e0";
 const CLAIM_0: &str = "7d1e0c2a-4444-4c8e-9f00-0000000000e0";
 const CLAIM_1: &str = "7d1e0c2a-5555-4c8e-9f00-0000000000e1";
+/// The tensor-parallel pod and its claims (12 GiB on each GPU).
+const POD_TP: &str = "0c3d6f1e-2b4a-4c8e-9f00-0000000000e2";
+const CLAIM_TP0: &str = "7d1e0c2a-6666-4c8e-9f00-0000000000e2";
+const CLAIM_TP1: &str = "7d1e0c2a-7777-4c8e-9f00-0000000000e3";
+/// A pod whose claim the agent refuses (more than its GPU: recorded, no scheduler would).
+const POD_BAD: &str = "0c3d6f1e-2b4a-4c8e-9f00-0000000000e4";
+const CLAIM_BAD: &str = "7d1e0c2a-8888-4c8e-9f00-0000000000e4";
 /// The simulated GPUs' NVML UUIDs (by index).
 const UUID0: &str = "GPU-5e1a0000-0000-0000-0000-000000000000";
 const UUID1: &str = "GPU-5e1a0000-0000-0000-0000-000000000001";
@@ -37,11 +48,22 @@ fn privileged_a_pods_claims_on_two_gpus_limit_each_gpu_to_its_own() {
         &claim_path("g0"),
         &claim_json(CLAIM_0, "g0", "8Gi", "30", POD),
     );
-    let on_gpu1 = claim_json(CLAIM_1, "g1", "4Gi", "20", POD)
-        .replace(r#""device":"gpu-0""#, r#""device":"gpu-1""#)
-        .replace("pod-g1", "pod-g0");
-    assert!(on_gpu1.contains(r#""device":"gpu-1""#));
-    api.put(&claim_path("g1"), &on_gpu1);
+    api.put(
+        &claim_path("g1"),
+        &on_gpu1(CLAIM_1, "g1", "4Gi", "20", POD, "g0"),
+    );
+    api.put(
+        &claim_path("tp0"),
+        &claim_json(CLAIM_TP0, "tp0", "12Gi", "40", POD_TP),
+    );
+    api.put(
+        &claim_path("tp1"),
+        &on_gpu1(CLAIM_TP1, "tp1", "12Gi", "40", POD_TP, "tp0"),
+    );
+    api.put(
+        &claim_path("bad"),
+        &claim_json(CLAIM_BAD, "bad", "20Gi", "10", POD_BAD),
+    );
     api.put(
         "/api/v1/nodes/node-1",
         r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-1","uid":"11111111-2222-3333-4444-555555555555"}}"#,
@@ -50,10 +72,14 @@ fn privileged_a_pods_claims_on_two_gpus_limit_each_gpu_to_its_own() {
     let pod = format!("{base}/kubepods/besteffort/pod{POD}");
     let ctr = format!("{pod}/{}", "e0".repeat(32));
     let mut cgroups = Tree(Vec::new());
+    let pod_tp = format!("{base}/kubepods/besteffort/pod{POD_TP}");
+    let pod_bad = format!("{base}/kubepods/besteffort/pod{POD_BAD}");
     for p in [
         base.clone(),
         format!("{base}/kubepods"),
         format!("{base}/kubepods/besteffort"),
+        pod_tp.clone(),
+        pod_bad.clone(),
         pod.clone(),
         ctr.clone(),
     ] {
@@ -90,6 +116,7 @@ fn privileged_a_pods_claims_on_two_gpus_limit_each_gpu_to_its_own() {
         serde_json::json!({UUID0: 30, UUID1: 20}),
         "{own}"
     );
+    // Elsewhere (no other GPU here) their sum, which a GPU can hold.
     assert_eq!(own["memory_bytes"], 12 * GIB, "{own}");
     assert_eq!(own["compute_pct"], 50, "{own}");
 
@@ -132,6 +159,42 @@ fn privileged_a_pods_claims_on_two_gpus_limit_each_gpu_to_its_own() {
         );
     }
 
+    // Claims adding up past one GPU: 12 GiB on each, nothing larger than a GPU.
+    let tp = [
+        kubelet::claim("team-a", "tp0", CLAIM_TP0),
+        kubelet::claim("team-a", "tp1", CLAIM_TP1),
+    ];
+    rt.block_on(kdra.prepare_pod(POD_TP, &tp))
+        .unwrap_or_else(|e| panic!("{e}\n{}", plugin.log_text()));
+    let own = own_limit(&agent, &format!("/{pod_tp}"))
+        .unwrap_or_else(|| panic!("the pod is not limited\n{}", plugin.log_text()));
+    assert_eq!(
+        own["memory_gpus"],
+        serde_json::json!({UUID0: 12 * GIB, UUID1: 12 * GIB}),
+        "{own}"
+    );
+    assert_eq!(
+        own["memory_bytes"],
+        16 * GIB,
+        "no plain value above a GPU: {own}"
+    );
+
+    // A limit the agent refuses fails the prepare, and nothing of the claim is left.
+    let err = rt
+        .block_on(kdra.prepare_pod(POD_BAD, &[kubelet::claim("team-a", "bad", CLAIM_BAD)]))
+        .expect_err("a claim whose limit the agent refuses was prepared");
+    assert!(
+        err.contains("team-a/bad") && err.contains("larger than"),
+        "{err}"
+    );
+    let spec = dirs.cdi().join(format!("fgpu.io-claim_{CLAIM_BAD}.json"));
+    assert!(!spec.exists(), "{} left behind", spec.display());
+    let ckpt = std::fs::read_to_string(agent.state_dir.join("kubelet-plugin-fgpu.io.json"))
+        .unwrap_or_default();
+    assert!(!ckpt.contains(CLAIM_BAD), "left in the checkpoint: {ckpt}");
+    assert_eq!(own_limit(&agent, &format!("/{pod_bad}")), None);
+
+    rt.block_on(kdra.unprepare_pod(POD_TP)).unwrap();
     rt.block_on(kdra.unprepare_pod(POD)).unwrap();
     assert_eq!(own_limit(&agent, &format!("/{pod}")), None);
     drop(plugin);
@@ -145,4 +208,13 @@ fn own_limit(agent: &common::Agent, cgroup: &str) -> Option<serde_json::Value> {
         .into_iter()
         .find(|(cg, _)| cg == cgroup)
         .map(|(_, own)| own)
+}
+
+/// A claim like [`claim_json`]'s, allocated on gpu-1, reserved for the pod of claim `pod_of`.
+fn on_gpu1(uid: &str, name: &str, memory: &str, compute: &str, pod: &str, pod_of: &str) -> String {
+    let json = claim_json(uid, name, memory, compute, pod)
+        .replace(r#""device":"gpu-0""#, r#""device":"gpu-1""#)
+        .replace(&format!("pod-{name}"), &format!("pod-{pod_of}"));
+    assert!(json.contains(r#""device":"gpu-1""#));
+    json
 }

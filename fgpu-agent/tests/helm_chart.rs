@@ -88,6 +88,25 @@ fn chart_lints_renders_and_validates_strictly_against_1_34_to_1_37() {
     }
     assert!(dra.contains("kind: DeviceClass") && !dp.contains("kind: DeviceClass"));
     assert!(dp.contains("- --device-plugin\n") && !dra.contains("- --device-plugin\n"));
+    // The device plugin's policy, in the node's CDI spec (the hook's flags): the memory of a
+    // container asking compute only, and the most compute one container may hold.
+    let policy = "--default-memory \"1GiB\" --max-compute 100 \\\n";
+    assert!(
+        dp.contains(policy) && !dra.contains("--default-memory"),
+        "the device plugin's default memory and compute bound are not rendered"
+    );
+    let tuned = template(
+        &helm,
+        &[
+            "mode=devicePlugin",
+            "devicePlugin.defaultMemory=4GiB",
+            "devicePlugin.maxCompute=50",
+        ],
+    );
+    assert!(
+        tuned.contains("--default-memory \"4GiB\" --max-compute 50 \\\n"),
+        "{tuned}"
+    );
     assert!(
         !dp.contains("kind: ClusterRole"),
         "the device plugin needs no API access"

@@ -49,6 +49,9 @@ pub struct GenerateArgs {
     /// The hook refuses containers asking for more memory than this.
     #[arg(long, value_name = "SIZE", value_parser = size)]
     max_memory: Option<u64>,
+    /// The hook refuses containers asking for a larger compute share than this percent.
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(1..=100))]
+    max_compute: Option<u8>,
     /// The hook starts a container even when the agent cannot be reached (its shim then
     /// enforces the environment's limit alone) instead of refusing it.
     #[arg(long)]
@@ -107,6 +110,9 @@ pub fn run(args: &GenerateArgs) -> Result<()> {
     }
     if let Some(m) = args.max_memory {
         hook_args.extend(["--max-memory".into(), m.to_string()]);
+    }
+    if let Some(c) = args.max_compute {
+        hook_args.extend(["--max-compute".into(), c.to_string()]);
     }
     if args.allow_without_agent {
         hook_args.push("--allow-without-agent".into());

@@ -11,10 +11,22 @@
 //! goes. From then on the limit is held by the agent (and the kernel backstop), not by the
 //! environment: unsetting the variable or the preload inside the container does not raise it.
 //!
-//! The environment is the container's, so untrusted: a value that is not a valid limit, or
-//! one above `--max-memory`, refuses the container (the hook fails, so the runtime does not
-//! start it) with a message that says why. A container that asks for nothing gets
-//! `--default-memory` when the operator set one, and otherwise no limit of its own.
+//! The environment is the container's, so untrusted: a value that is not a valid limit, one
+//! above `--max-memory` or `--max-compute`, or one of fgpu's variables given more than once
+//! (runtimes, getenv and the shim do not agree on which occurrence counts) refuses the
+//! container (the hook fails, so the runtime does not start it) with a message that says why.
+//! A container that asks for nothing gets `--default-memory` when the operator set one, and
+//! otherwise no limit of its own.
+//!
+//! Under fgpu's device plugin the kubelet sets the variables, but the container's image and
+//! spec can add more, and the kubelet merges its two resources' answers by variable (each can
+//! set only its own). What the container was granted is therefore read from what it cannot
+//! write: the hooks of config.json. The plugin hands out, beside the GPU, the node spec's
+//! device `device-plugin-memory` or `device-plugin-compute`, whose only edit is this hook with
+//! `--granted memory` or `--granted compute` ([`GRANTED`]). A container with either is a
+//! device-plugin container: it must have `FGPU_MEMORY_LIMIT` exactly when memory was granted
+//! (else it gets `--default-memory`) and `FGPU_COMPUTE_SHARE` exactly when compute was (else
+//! no share of its own); a variable for a resource it was not granted refuses it.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -44,6 +56,15 @@ pub struct HookArgs {
     /// Refuse containers that ask for more than this, e.g. 40GiB.
     #[arg(long, value_name = "SIZE", value_parser = size)]
     pub max_memory: Option<u64>,
+    /// Refuse containers that ask for a larger compute share (FGPU_COMPUTE_SHARE) than this
+    /// percent.
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub max_compute: Option<u8>,
+    /// What fgpu's device plugin granted (memory, compute): set by the node spec's
+    /// device-plugin devices, never by hand. The hook reads every hook's grants from
+    /// config.json, so its own are only a marker there.
+    #[arg(long, value_name = "RESOURCE", value_parser = ["memory", "compute"])]
+    pub granted: Vec<String>,
     /// Start the container when the agent cannot be reached (its shim then enforces the
     /// environment's limit on its own, with a warning) instead of refusing it.
     #[arg(long)]
@@ -62,11 +83,68 @@ pub struct State {
     pub bundle: PathBuf,
 }
 
+/// The argument by which the node spec's device-plugin devices mark their hook.
+pub const GRANTED: &str = "--granted";
+
+/// The environment variables the hook reads: none may appear twice.
+pub const VARIABLES: [&str; 4] = [
+    "FGPU_MEMORY_LIMIT",
+    "GPU_MEM_LIMIT_GB",
+    "FGPU_COMPUTE_SHARE",
+    "FGPU_PARK_AFTER",
+];
+
 /// The part of config.json the hook reads.
 #[derive(Debug, Default, Deserialize)]
 pub struct Config {
     #[serde(default)]
     pub process: Option<Process>,
+    #[serde(default)]
+    pub hooks: Option<Hooks>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Hooks {
+    #[serde(default, rename = "createRuntime")]
+    pub create_runtime: Vec<OciHook>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct OciHook {
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+/// What fgpu's device plugin granted a container (from its hooks, see the module's doc).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    pub memory: bool,
+    pub compute: bool,
+}
+
+impl Config {
+    /// The device plugin's grants, from every createRuntime hook's `--granted` arguments;
+    /// `None`: a container fgpu's device plugin did not give a GPU.
+    pub fn granted(&self) -> Option<Granted> {
+        let hooks = self.hooks.as_ref()?;
+        let mut g = None::<Granted>;
+        for h in &hooks.create_runtime {
+            let mut it = h.args.iter();
+            while let Some(a) = it.next() {
+                let value = match a.strip_prefix(GRANTED) {
+                    Some("") => it.next().map(String::as_str),
+                    Some(v) => v.strip_prefix('='),
+                    None => None,
+                };
+                match value {
+                    Some("memory") => g.get_or_insert_default().memory = true,
+                    Some("compute") => g.get_or_insert_default().compute = true,
+                    _ => {}
+                }
+            }
+        }
+        g
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -81,8 +159,62 @@ fn getenv<'a>(env: &'a [String], name: &str) -> Option<&'a str> {
         .find_map(|e| e.strip_prefix(name).and_then(|rest| rest.strip_prefix('=')))
 }
 
-/// The limit a container's environment asks for, under the operator's policy.
-pub fn limit_from_env(env: &[String], args: &HookArgs) -> Result<Limit> {
+/// How often `name` is set in an environment list.
+fn count(env: &[String], name: &str) -> usize {
+    env.iter()
+        .filter(|e| e.strip_prefix(name).is_some_and(|r| r.starts_with('=')))
+        .count()
+}
+
+/// The limit a container's environment asks for, under the operator's policy; `granted`:
+/// what fgpu's device plugin gave it, if it did ([`Config::granted`]).
+pub fn limit_from_env(env: &[String], args: &HookArgs, granted: Option<Granted>) -> Result<Limit> {
+    for name in VARIABLES {
+        let n = count(env, name);
+        if n > 1 {
+            bail!(
+                "{name} is set {n} times in the container's environment: fgpu takes its \
+                 variables only once (an image's ENV, the pod's env and a device plugin's \
+                 value would each win somewhere)"
+            );
+        }
+    }
+    if let Some(g) = granted {
+        let set = |name| getenv(env, name).is_some();
+        for (name, ok) in [
+            ("FGPU_MEMORY_LIMIT", g.memory),
+            ("GPU_MEM_LIMIT_GB", g.memory),
+            ("FGPU_COMPUTE_SHARE", g.compute),
+        ] {
+            if set(name) && !ok {
+                bail!(
+                    "{name} is set in the container's environment, but fgpu's device plugin \
+                     granted it no GPU {}: only the plugin sets it",
+                    if name == "FGPU_COMPUTE_SHARE" {
+                        "compute"
+                    } else {
+                        "memory"
+                    }
+                );
+            }
+        }
+        for (name, ok) in [
+            ("FGPU_MEMORY_LIMIT", g.memory),
+            ("FGPU_COMPUTE_SHARE", g.compute),
+        ] {
+            if ok && !set(name) {
+                bail!(
+                    "fgpu's device plugin granted GPU {} but {name} is not in the \
+                     container's environment",
+                    if name == "FGPU_COMPUTE_SHARE" {
+                        "compute"
+                    } else {
+                        "memory"
+                    }
+                );
+            }
+        }
+    }
     let mut memory: Option<(u64, &str)> = None;
     if let Some(v) = getenv(env, "FGPU_MEMORY_LIMIT").filter(|v| !v.trim().is_empty()) {
         if v.contains(':') || v.contains(',') {
@@ -127,6 +259,14 @@ pub fn limit_from_env(env: &[String], args: &HookArgs) -> Result<Limit> {
             let p = parse_percent(v).map_err(|e| anyhow::anyhow!("FGPU_COMPUTE_SHARE={v}: {e}"))?;
             if !(1..=100).contains(&p) {
                 bail!("FGPU_COMPUTE_SHARE={v}: give 1-100%");
+            }
+            if let Some(max) = args.max_compute
+                && p > max
+            {
+                bail!(
+                    "FGPU_COMPUTE_SHARE={v}: above this node's maximum per container ({max}%, \
+                     the hook's --max-compute)"
+                );
             }
             Some(p)
         }
@@ -179,8 +319,9 @@ pub fn read(stdin: impl Read, args: &HookArgs) -> Result<(State, Limit)> {
         &path.display().to_string(),
     )?)
     .with_context(|| format!("{} is not a valid OCI config", path.display()))?;
+    let granted = config.granted();
     let env = config.process.map(|p| p.env).unwrap_or_default();
-    let limit = limit_from_env(&env, args)
+    let limit = limit_from_env(&env, args, granted)
         .with_context(|| format!("container {}: refused", short(&state.id)))?;
     Ok((state, limit))
 }
@@ -268,6 +409,8 @@ mod tests {
             admin_socket: None,
             default_memory: None,
             max_memory: Some(40 << 30),
+            max_compute: Some(90),
+            granted: Vec::new(),
             allow_without_agent: false,
         }
     }
@@ -278,32 +421,34 @@ mod tests {
 
     #[test]
     fn limits_from_the_environment() {
-        let l = limit_from_env(&env(&["PATH=/bin", "FGPU_MEMORY_LIMIT=1GiB"]), &args()).unwrap();
+        let l = limit_from_env(
+            &env(&["PATH=/bin", "FGPU_MEMORY_LIMIT=1GiB"]),
+            &args(),
+            None,
+        )
+        .unwrap();
         assert_eq!(l.memory_bytes, Some(1 << 30));
-        let l = limit_from_env(&env(&["GPU_MEM_LIMIT_GB=2.5"]), &args()).unwrap();
+        let l = limit_from_env(&env(&["GPU_MEM_LIMIT_GB=2.5"]), &args(), None).unwrap();
         assert_eq!(l.memory_bytes, Some(5 << 29));
         let both = env(&["FGPU_MEMORY_LIMIT=8GiB", "GPU_MEM_LIMIT_GB=4"]);
         assert_eq!(
-            limit_from_env(&both, &args()).unwrap().memory_bytes,
+            limit_from_env(&both, &args(), None).unwrap().memory_bytes,
             Some(4 << 30)
         );
-        let first = env(&["FGPU_MEMORY_LIMIT=1GiB", "FGPU_MEMORY_LIMIT=30GiB"]);
-        assert_eq!(
-            limit_from_env(&first, &args()).unwrap().memory_bytes,
-            Some(1 << 30),
-            "the first, as getenv in the container sees it"
-        );
-        let l = limit_from_env(&env(&["FGPU_COMPUTE_SHARE=30%"]), &args()).unwrap();
+        let l = limit_from_env(&env(&["FGPU_COMPUTE_SHARE=30%"]), &args(), None).unwrap();
         assert_eq!((l.memory_bytes, l.compute_pct), (None, Some(30)));
-        let l = limit_from_env(&env(&["FGPU_PARK_AFTER=30s"]), &args()).unwrap();
+        let l = limit_from_env(&env(&["FGPU_PARK_AFTER=30s"]), &args(), None).unwrap();
         assert_eq!(l.park_after_ms, Some(30_000));
         assert_eq!(
-            limit_from_env(&env(&["FGPU_MEMORY_LIMIT="]), &args()).unwrap(),
+            limit_from_env(&env(&["FGPU_MEMORY_LIMIT="]), &args(), None).unwrap(),
             Limit::default()
         );
         let mut a = args();
         a.default_memory = Some(8 << 30);
-        assert_eq!(limit_from_env(&[], &a).unwrap().memory_bytes, Some(8 << 30));
+        assert_eq!(
+            limit_from_env(&[], &a, None).unwrap().memory_bytes,
+            Some(8 << 30)
+        );
     }
 
     #[test]
@@ -324,12 +469,110 @@ mod tests {
             ("FGPU_COMPUTE_SHARE=0", "1-100%"),
             ("FGPU_PARK_AFTER=0", "leave the GPU alone"),
             ("FGPU_PARK_AFTER=soon", "FGPU_PARK_AFTER=soon"),
+            ("FGPU_COMPUTE_SHARE=95", "--max-compute"),
         ] {
-            let err = limit_from_env(&env(&[var]), &args())
+            let err = limit_from_env(&env(&[var]), &args(), None)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(needle), "{var}: {err}");
         }
+    }
+
+    #[test]
+    fn a_variable_set_twice_is_refused_by_name() {
+        // The plugin's value, and the container's own after it (runc keeps the last) or
+        // before it (containerd puts an image's ENV first): never either.
+        for vars in [
+            [
+                "FGPU_COMPUTE_SHARE=10",
+                "PATH=/bin",
+                "FGPU_COMPUTE_SHARE=99",
+            ],
+            ["FGPU_MEMORY_LIMIT=1GiB", "X=1", "FGPU_MEMORY_LIMIT=30GiB"],
+            ["GPU_MEM_LIMIT_GB=1", "GPU_MEM_LIMIT_GB=2", "X=1"],
+            ["FGPU_PARK_AFTER=1s", "FGPU_PARK_AFTER=1h", "X=1"],
+        ] {
+            let name = vars[0].split('=').next().unwrap();
+            let err = limit_from_env(&env(&vars), &args(), None)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&format!("{name} is set 2 times")), "{err}");
+        }
+        // A name that only starts like one of fgpu's is another variable.
+        let l = limit_from_env(
+            &env(&["FGPU_COMPUTE_SHARE=10", "FGPU_COMPUTE_SHARE_X=99"]),
+            &args(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(l.compute_pct, Some(10));
+    }
+
+    #[test]
+    fn a_device_plugin_container_gets_only_what_was_granted() {
+        let mut a = args();
+        a.default_memory = Some(2 << 30);
+        let compute = Some(Granted {
+            memory: false,
+            compute: true,
+        });
+        let memory = Some(Granted {
+            memory: true,
+            compute: false,
+        });
+        // Compute only: the operator's default memory and the plugin's compute.
+        let l = limit_from_env(&env(&["FGPU_COMPUTE_SHARE=1"]), &a, compute).unwrap();
+        assert_eq!((l.memory_bytes, l.compute_pct), (Some(2 << 30), Some(1)));
+        // Memory only: no share of its own, and none it adds itself.
+        let l = limit_from_env(&env(&["FGPU_MEMORY_LIMIT=4GiB"]), &a, memory).unwrap();
+        assert_eq!((l.memory_bytes, l.compute_pct), (Some(4 << 30), None));
+        for (vars, granted, needle) in [
+            (
+                vec!["FGPU_MEMORY_LIMIT=4GiB", "FGPU_COMPUTE_SHARE=99"],
+                memory,
+                "FGPU_COMPUTE_SHARE is set",
+            ),
+            (
+                vec!["FGPU_COMPUTE_SHARE=1", "FGPU_MEMORY_LIMIT=40GiB"],
+                compute,
+                "FGPU_MEMORY_LIMIT is set",
+            ),
+            (
+                vec!["FGPU_COMPUTE_SHARE=1", "GPU_MEM_LIMIT_GB=40"],
+                compute,
+                "GPU_MEM_LIMIT_GB is set",
+            ),
+            (vec![], memory, "FGPU_MEMORY_LIMIT is not"),
+        ] {
+            let err = limit_from_env(&env(&vars), &a, granted)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{vars:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn grants_are_read_from_every_hook_of_the_config() {
+        let config: Config = serde_json::from_str(
+            r#"{"process":{"env":[]},"hooks":{"createRuntime":[
+                {"path":"/opt/fgpu/bin/fgpu","args":["fgpu","cdi","hook"]},
+                {"path":"/opt/fgpu/bin/fgpu","args":["fgpu","cdi","hook","--granted","compute"]},
+                {"path":"/opt/fgpu/bin/fgpu","args":["fgpu","cdi","hook","--granted=memory"]}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            config.granted(),
+            Some(Granted {
+                memory: true,
+                compute: true
+            })
+        );
+        let none: Config = serde_json::from_str(
+            r#"{"hooks":{"createRuntime":[{"path":"/x","args":["fgpu","cdi","hook"]}]}}"#,
+        )
+        .unwrap();
+        assert_eq!(none.granted(), None);
+        assert_eq!(Config::default().granted(), None);
     }
 
     #[test]

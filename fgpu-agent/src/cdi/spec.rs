@@ -16,6 +16,13 @@ pub const SHIM_IN_CONTAINER: &str = "/usr/local/lib/fgpu/libfgpu.so";
 /// Where the directory of the containers' socket appears inside containers (the shim's
 /// default `FGPU_SOCKET` is `/run/fgpu/fgpu.sock`).
 pub const SOCKET_DIR_IN_CONTAINER: &str = "/run/fgpu";
+/// The node spec's devices that fgpu's device plugin hands out beside a GPU: each adds the
+/// hook once more, marked with what was granted (`fgpu cdi hook --granted memory`), which the
+/// hook reads back from config.json, where a container cannot write (cdi/hook.rs).
+pub const GRANT_DEVICES: [(&str, &str); 2] = [
+    ("device-plugin-memory", "memory"),
+    ("device-plugin-compute", "compute"),
+];
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -138,7 +145,23 @@ pub fn check_kind(kind: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The spec: devices `all`, one per GPU index and one per UUID; the shim, the containers'
+/// The createRuntime hook: `fgpu cdi hook`, the node's hook arguments, then `extra`.
+fn hook(inputs: &Inputs, extra: &[&str]) -> Hook {
+    Hook {
+        hook_name: "createRuntime".into(),
+        path: inputs.fgpu.clone(),
+        args: ["fgpu", "cdi", "hook"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(inputs.hook_args.iter().cloned())
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect(),
+        timeout: Some(15),
+    }
+}
+
+/// The spec: devices `all`, one per GPU index and one per UUID, and the device plugin's
+/// [`GRANT_DEVICES`]; the shim, the containers'
 /// socket directory and the hook in the spec-wide edits (applied once, whichever devices).
 pub fn build(inputs: &Inputs) -> Spec {
     let socket_name = std::path::Path::new(&inputs.socket)
@@ -170,16 +193,7 @@ pub fn build(inputs: &Inputs) -> Spec {
                 options: ro(&["noexec"]),
             },
         ],
-        hooks: vec![Hook {
-            hook_name: "createRuntime".into(),
-            path: inputs.fgpu.clone(),
-            args: ["fgpu", "cdi", "hook"]
-                .iter()
-                .map(|s| s.to_string())
-                .chain(inputs.hook_args.iter().cloned())
-                .collect(),
-            timeout: Some(15),
-        }],
+        hooks: vec![hook(inputs, &[])],
         ..Edits::default()
     };
     match &inputs.preload {
@@ -234,6 +248,15 @@ pub fn build(inputs: &Inputs) -> Spec {
         devices.push(device(g.index.to_string(), &[g]));
         devices.push(device(g.uuid.clone(), &[g]));
     }
+    for (name, what) in GRANT_DEVICES {
+        devices.push(Device {
+            name: name.into(),
+            container_edits: Edits {
+                hooks: vec![hook(inputs, &[crate::cdi::hook::GRANTED, what])],
+                ..Edits::default()
+            },
+        });
+    }
     Spec {
         cdi_version: CDI_VERSION.into(),
         kind: inputs.kind.clone(),
@@ -281,9 +304,20 @@ pub mod tests {
                 "0",
                 "GPU-6b9a4a5e-0000-4000-8000-000000000000",
                 "1",
-                "GPU-6b9a4a5e-0000-4000-8000-000000000001"
+                "GPU-6b9a4a5e-0000-4000-8000-000000000001",
+                "device-plugin-memory",
+                "device-plugin-compute"
             ]
         );
+        // A grant device's only edit: the hook again, marked with what was granted.
+        let grant = &spec.devices[5].container_edits;
+        assert_eq!(grant.hooks.len(), 1);
+        assert_eq!(grant.hooks[0].args[..3], ["fgpu", "cdi", "hook"]);
+        assert_eq!(
+            grant.hooks[0].args[grant.hooks[0].args.len() - 2..],
+            ["--granted", "memory"]
+        );
+        assert!(grant.env.is_empty() && grant.device_nodes.is_empty() && grant.mounts.is_empty());
         let e = &spec.container_edits;
         assert!(e.env.contains(&format!("LD_PRELOAD={SHIM_IN_CONTAINER}")));
         assert!(

@@ -6,6 +6,14 @@
 //! node-wide totals, so on a node with one GPU this is exact). `Allocate` answers with fgpu's
 //! CDI device for that GPU and the environment (`FGPU_MEMORY_LIMIT`, `FGPU_COMPUTE_SHARE`)
 //! that the CDI spec's createRuntime hook turns into the container's limit, held by the agent.
+//!
+//! Each resource also hands out the node spec's grant device (`device-plugin-memory`,
+//! `device-plugin-compute`): the kubelet merges the two resources' answers variable by
+//! variable, the first it meets winning, so neither can set the other's variable, and a
+//! container could add the variable of a resource it did not ask for. The grant devices tell
+//! the hook, through config.json's hooks, what was asked: a container asking compute only
+//! gets the hook's `--default-memory` and cannot give itself a memory limit; one asking memory
+//! only gets no compute share and cannot give itself one (cdi/hook.rs).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -89,15 +97,23 @@ impl Resource {
             .expect("checked above")
             .1;
         let n = ids.len() as u64;
-        let (var, value) = match self.unit {
-            Unit::Memory(b) => ("FGPU_MEMORY_LIMIT", (b * n).to_string()),
-            Unit::Compute => ("FGPU_COMPUTE_SHARE", n.min(100).to_string()),
+        let (var, value, grant) = match self.unit {
+            Unit::Memory(b) => ("FGPU_MEMORY_LIMIT", (b * n).to_string(), "memory"),
+            Unit::Compute => ("FGPU_COMPUTE_SHARE", n.min(100).to_string(), "compute"),
         };
+        let grant = crate::cdi::spec::GRANT_DEVICES
+            .iter()
+            .find(|(_, what)| *what == grant)
+            .map(|(name, _)| *name)
+            .expect("a grant device per unit");
         Ok(dp::ContainerAllocateResponse {
             envs: HashMap::from([(var.to_string(), value)]),
-            cdi_devices: vec![dp::CdiDevice {
-                name: format!("{}={uuid}", self.cdi_kind),
-            }],
+            cdi_devices: [uuid.as_str(), grant]
+                .iter()
+                .map(|d| dp::CdiDevice {
+                    name: format!("{}={d}", self.cdi_kind),
+                })
+                .collect(),
             ..Default::default()
         })
     }
@@ -257,6 +273,7 @@ mod tests {
         let a = r.allocate(&ids).unwrap();
         assert_eq!(a.envs["FGPU_MEMORY_LIMIT"], (8u64 << 30).to_string());
         assert_eq!(a.cdi_devices[0].name, "fgpu.io/gpu=GPU-b");
+        assert_eq!(a.cdi_devices[1].name, "fgpu.io/gpu=device-plugin-memory");
         let err = r
             .allocate(&["gpu0-m0".into(), "gpu1-m0".into()])
             .unwrap_err();

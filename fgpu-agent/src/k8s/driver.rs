@@ -33,6 +33,8 @@ pub struct Config {
     pub spec_inputs: spec::Inputs,
     /// fgpu's device names (`gpu-<index>`) and their GPUs.
     pub gpus: BTreeMap<String, spec::Gpu>,
+    /// Each GPU's memory in bytes, by device name (what the ResourceSlice publishes).
+    pub memory: BTreeMap<String, u64>,
 }
 
 pub struct Driver {
@@ -123,9 +125,15 @@ impl Driver {
         };
         let mut st = self.state.lock().await;
         st.ckpt.claims.insert(uid.to_string(), prepared.clone());
-        st.ckpt.save()?;
-        for pod in &prepared.plan.pods {
-            self.ensure_pod(&mut st, pod).await?;
+        let held = match st.ckpt.save() {
+            Ok(()) => self.ensure_pods(&mut st, &prepared.plan.pods).await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = held {
+            // A limit that cannot be held fails the prepare (the kubelet shows the error and
+            // retries): the pod does not start without it, and nothing of the claim is kept.
+            self.forget(&mut st, uid, &prepared).await;
+            return Err(err);
         }
         tracing::info!(
             claim = %format!("{namespace}/{name}"), uid, device = %prepared.plan.device,
@@ -134,6 +142,33 @@ impl Driver {
             "claim prepared"
         );
         Ok(Some(prepared))
+    }
+
+    /// Every pod of `pods` gets its limit; the first that cannot stops the rest.
+    async fn ensure_pods(&self, st: &mut State, pods: &[String]) -> Result<()> {
+        for pod in pods {
+            self.ensure_pod(st, pod).await?;
+        }
+        Ok(())
+    }
+
+    /// Undoes a prepare that failed: the claim leaves the checkpoint, its CDI spec goes, and
+    /// its pods get back the limits of their other claims.
+    async fn forget(&self, st: &mut State, uid: &str, p: &Prepared) {
+        st.ckpt.claims.remove(uid);
+        if let Err(err) = st.ckpt.save() {
+            tracing::warn!(uid, "cannot save the checkpoint: {err:#}");
+        }
+        match std::fs::remove_file(&p.spec_file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(uid, "removing {}: {e}", p.spec_file.display()),
+        }
+        for pod in &p.plan.pods {
+            if let Err(err) = self.ensure_pod(st, pod).await {
+                tracing::warn!(pod, "cannot put back the pod's limit: {err:#}");
+            }
+        }
     }
 
     /// Unprepares one claim. Idempotent: a claim it does not know is done already.
@@ -251,8 +286,9 @@ impl Driver {
 
     /// The pod's limit: on each GPU its claims were allocated on, the sum of those claims'
     /// capacities there (per-GPU values, by the GPU's UUID); on any other GPU the pod can
-    /// reach, the sum of all its claims (the plain value: no more than it was given in all,
-    /// where the node exposes GPUs the scheduler did not allocate it). A claim without a
+    /// reach, the sum of all its claims up to the largest such GPU (the plain value: no more
+    /// than it was given in all, where the node exposes GPUs the scheduler did not allocate
+    /// it; never more than a GPU holds). A claim without a
     /// memory figure is its whole GPU: no memory limit there (and no plain one). `None`: no
     /// claims left.
     fn pod_limit(&self, st: &State, pod: &str) -> Option<Limit> {
@@ -263,7 +299,7 @@ impl Driver {
             .map(|p| &p.plan)
             .filter(|p| p.pods.iter().any(|x| x == pod))
             .collect();
-        pod_limit(&self.cfg.gpus, &plans)
+        pod_limit(&self.cfg.gpus, &self.cfg.memory, &plans)
     }
 
     async fn ensure_pod(&self, st: &mut State, pod: &str) -> Result<()> {
@@ -300,26 +336,11 @@ impl Driver {
                     pod: pod_name(&st.ckpt, pod),
                     ..LimitSetRequest::default()
                 };
-                let mut limit = limit;
-                if let Err(err) = self.ask(Kind::LimitSet, serde_json::to_vec(&req)?).await {
-                    if limit.memory_gpus.is_empty() && limit.compute_gpus.is_empty() {
-                        return Err(err)
-                            .with_context(|| format!("setting pod {pod}'s limit on {cg}"));
-                    }
-                    // An agent that does not know the GPUs (no NVML, or another GPU list):
-                    // the plain values alone, on every GPU, rather than no limit at all.
-                    tracing::warn!(pod, cgroup = %cg, "the agent refused the per-GPU limits ({err:#}): the pod is held to the sum of its claims on every GPU");
-                    limit.memory_gpus.clear();
-                    limit.compute_gpus.clear();
-                    let req = LimitSetRequest {
-                        limit: limit.clone(),
-                        clear_gpus: Vec::new(),
-                        ..req
-                    };
-                    self.ask(Kind::LimitSet, serde_json::to_vec(&req)?)
-                        .await
-                        .with_context(|| format!("setting pod {pod}'s limit on {cg}"))?;
-                }
+                // No fallback: a limit the agent refuses leaves the pod unlimited, so the
+                // error goes to the caller (a prepare fails; the reconciler says it).
+                self.ask(Kind::LimitSet, serde_json::to_vec(&req)?)
+                    .await
+                    .with_context(|| format!("setting pod {pod}'s limit on {cg}"))?;
                 tracing::info!(pod, cgroup = %cg, memory = ?limit.memory_bytes, compute = ?limit.compute_pct, park_after_ms = ?limit.park_after_ms, memory_gpus = ?limit.memory_gpus, compute_gpus = ?limit.compute_gpus, "pod limited");
                 st.applied.insert(pod.to_string(), (cg, limit));
             }
@@ -394,11 +415,28 @@ fn pod_name(ckpt: &Checkpoint, pod: &str) -> Option<PodName> {
     })
 }
 
-/// [`Driver::pod_limit`] of the claims `plans`, `gpus` being fgpu's device names and GPUs.
-fn pod_limit(gpus: &BTreeMap<String, spec::Gpu>, plans: &[&Plan]) -> Option<Limit> {
+/// [`Driver::pod_limit`] of the claims `plans`, `gpus` being fgpu's device names and GPUs and
+/// `memory` their sizes (by device name).
+///
+/// Every value is one a GPU can hold, whatever the claims add up to: a GPU's own value is the
+/// sum of the pod's claims there, and the plain value, which the agent applies to each GPU
+/// without one of its own, is the sum of all the claims capped at the largest such GPU (at
+/// the largest GPU of the node where the claims cover every GPU and it applies to none). A
+/// tensor-parallel pod with 12 GiB on each of two 16 GiB GPUs asked 24 GiB on every GPU,
+/// which the agent refuses as larger than the device.
+fn pod_limit(
+    gpus: &BTreeMap<String, spec::Gpu>,
+    memory: &BTreeMap<String, u64>,
+    plans: &[&Plan],
+) -> Option<Limit> {
     if plans.is_empty() {
         return None;
     }
+    let size_of = |uuid: &str| {
+        gpus.iter()
+            .find(|(_, g)| g.uuid == uuid)
+            .and_then(|(name, _)| memory.get(name).copied())
+    };
     let mut memory_gpus = BTreeMap::new();
     let mut compute_gpus = BTreeMap::new();
     let mut uuids: Vec<&str> = plans
@@ -407,7 +445,7 @@ fn pod_limit(gpus: &BTreeMap<String, spec::Gpu>, plans: &[&Plan]) -> Option<Limi
         .collect();
     uuids.sort_unstable();
     uuids.dedup();
-    for uuid in uuids {
+    for &uuid in &uuids {
         let here: Vec<&&Plan> = plans
             .iter()
             .filter(|p| gpus.get(&p.device).is_some_and(|g| g.uuid == uuid))
@@ -416,6 +454,8 @@ fn pod_limit(gpus: &BTreeMap<String, spec::Gpu>, plans: &[&Plan]) -> Option<Limi
             .iter()
             .try_fold(0u64, |acc, p| p.memory_bytes.map(|m| acc.saturating_add(m)))
         {
+            // Not capped: the scheduler keeps a GPU's claims within it, so a larger sum is
+            // refused by the agent and fails the prepare rather than held as the whole GPU.
             memory_gpus.insert(uuid.to_string(), m);
         }
         if let Some(c) = here
@@ -426,9 +466,23 @@ fn pod_limit(gpus: &BTreeMap<String, spec::Gpu>, plans: &[&Plan]) -> Option<Limi
             compute_gpus.insert(uuid.to_string(), c as u8);
         }
     }
+    // The plain memory value applies to the GPUs of the node the pod has no claim on: no
+    // more than the largest of them holds (where the claims cover the node it applies to
+    // none, and is held to the largest GPU all the same).
+    let others: Vec<&spec::Gpu> = gpus
+        .values()
+        .filter(|g| !uuids.contains(&g.uuid.as_str()))
+        .collect();
+    let pool = if others.is_empty() {
+        gpus.values().collect()
+    } else {
+        others
+    };
+    let largest = pool.iter().filter_map(|g| size_of(&g.uuid)).max();
     let memory = plans
         .iter()
-        .try_fold(0u64, |acc, p| p.memory_bytes.map(|m| acc.saturating_add(m)));
+        .try_fold(0u64, |acc, p| p.memory_bytes.map(|m| acc.saturating_add(m)))
+        .map(|m| largest.map_or(m, |size| m.min(size)));
     let compute = plans
         .iter()
         .try_fold(0u32, |acc, p| p.compute_pct.map(|c| acc + u32::from(c)))
@@ -515,6 +569,38 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
+    /// Every GPU of [`gpus`] this size.
+    fn sizes(each: u64) -> BTreeMap<String, u64> {
+        gpus().into_keys().map(|name| (name, each)).collect()
+    }
+
+    #[test]
+    fn claims_adding_up_past_one_gpu_give_values_each_gpu_can_hold() {
+        // Two 16 GiB GPUs, 12 GiB claimed on each: 12 GiB per GPU, and a plain value (which
+        // applies to no GPU here) no larger than a GPU; it was 24 GiB, refused by the agent.
+        let two: BTreeMap<_, _> = gpus().into_iter().take(2).collect();
+        let sizes2: BTreeMap<_, _> = sizes(16 * GIB).into_iter().take(2).collect();
+        let a = plan("a", "gpu-0", Some(12 * GIB), Some(60));
+        let b = plan("b", "gpu-1", Some(12 * GIB), Some(60));
+        let l = pod_limit(&two, &sizes2, &[&a, &b]).unwrap();
+        assert_eq!(
+            l.memory_gpus,
+            BTreeMap::from([("GPU-0".into(), 12 * GIB), ("GPU-1".into(), 12 * GIB)])
+        );
+        assert_eq!(l.memory_bytes, Some(16 * GIB), "no larger than a GPU");
+        // A third GPU without claims: the sum, but no more than that GPU holds.
+        let l = pod_limit(&gpus(), &sizes(16 * GIB), &[&a, &b]).unwrap();
+        assert_eq!(l.memory_bytes, Some(16 * GIB));
+        assert_eq!(l.memory_on("GPU-2"), Some(16 * GIB));
+        assert_eq!(
+            l.compute_pct, None,
+            "120 %: the whole GPU, no share to hold"
+        );
+        // Unknown sizes (no NVML in the plugin): the sum, as the agent can judge it.
+        let l = pod_limit(&gpus(), &BTreeMap::new(), &[&a, &b]).unwrap();
+        assert_eq!(l.memory_bytes, Some(24 * GIB));
+    }
+
     #[test]
     fn a_pods_name_comes_from_its_claims() {
         const UID: &str = "0c3d6f1e-2b4a-4c8e-9f00-00000000000a";
@@ -549,7 +635,7 @@ mod tests {
         let a = plan("a", "gpu-0", Some(8 * GIB), Some(30));
         let b = plan("b", "gpu-1", Some(4 * GIB), Some(20));
         let c = plan("c", "gpu-1", Some(2 * GIB), Some(10));
-        let l = pod_limit(&gpus(), &[&a, &b, &c]).unwrap();
+        let l = pod_limit(&gpus(), &sizes(16 * GIB), &[&a, &b, &c]).unwrap();
         assert_eq!(l.memory_gpus.get("GPU-0"), Some(&(8 * GIB)));
         assert_eq!(l.memory_gpus.get("GPU-1"), Some(&(6 * GIB)));
         assert_eq!(l.memory_gpus.get("GPU-2"), None);
@@ -563,20 +649,20 @@ mod tests {
         assert_eq!(l.compute_gpus.get("GPU-1"), Some(&30));
         assert_eq!(l.compute_pct, Some(60));
         assert_eq!(l.park_after_ms, None, "no claim asked for parking");
-        assert_eq!(pod_limit(&gpus(), &[]), None);
+        assert_eq!(pod_limit(&gpus(), &sizes(16 * GIB), &[]), None);
     }
 
     #[test]
     fn a_pod_is_parkable_after_the_longest_park_after_of_its_claims() {
         let mut a = plan("a", "gpu-0", Some(8 * GIB), Some(30));
         a.park_after_ms = Some(30_000);
-        let l = pod_limit(&gpus(), &[&a]).unwrap();
+        let l = pod_limit(&gpus(), &sizes(16 * GIB), &[&a]).unwrap();
         assert_eq!(l.park_after_ms, Some(30_000));
         assert_eq!(l.memory_bytes, Some(8 * GIB), "the rest as before");
         let mut b = plan("b", "gpu-1", Some(4 * GIB), Some(20));
         b.park_after_ms = Some(120_000);
         let c = plan("c", "gpu-1", Some(2 * GIB), None);
-        let l = pod_limit(&gpus(), &[&a, &b, &c]).unwrap();
+        let l = pod_limit(&gpus(), &sizes(16 * GIB), &[&a, &b, &c]).unwrap();
         assert_eq!(l.park_after_ms, Some(120_000));
     }
 
@@ -584,7 +670,7 @@ mod tests {
     fn a_whole_gpu_claim_lifts_that_gpus_memory_and_the_plain_one() {
         let a = plan("a", "gpu-0", Some(8 * GIB), Some(30));
         let whole = plan("w", "gpu-1", None, None);
-        let l = pod_limit(&gpus(), &[&a, &whole]).unwrap();
+        let l = pod_limit(&gpus(), &sizes(16 * GIB), &[&a, &whole]).unwrap();
         assert_eq!(
             l.memory_gpus,
             BTreeMap::from([("GPU-0".to_string(), 8 * GIB)])

@@ -207,6 +207,10 @@ async fn serve(args: &KubeletPluginArgs) -> Result<()> {
                 )
             })
             .collect::<BTreeMap<_, _>>(),
+        memory: gpus
+            .iter()
+            .map(|g| (slice::device_name(g.index), g.memory_bytes))
+            .collect(),
     };
     let ckpt_path = args
         .state_dir

@@ -175,12 +175,15 @@ fn current(p: &Paths, path: &Path, spec: &Spec, gpus: Option<&[String]>) -> Chec
             spec::CDI_VERSION
         ));
     }
-    // Devices are `all`, one per index and one per UUID: the UUIDs are the rest.
+    // Devices are `all`, one per index, one per UUID and the device plugin's grants: the
+    // UUIDs are the rest.
+    let grants = crate::cdi::spec::GRANT_DEVICES.map(|(name, _)| name);
     let mut listed: Vec<&str> = spec
         .devices
         .iter()
         .map(|d| d.name.as_str())
         .filter(|n| *n != "all" && !n.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|n| !grants.contains(n))
         .collect();
     listed.sort_unstable();
     if let Some(gpus) = gpus {
