@@ -127,12 +127,13 @@ impl Probes {
 }
 
 /// The tracepoint programs and what each is attached to: process exit (releases a dead
-/// process's bytes), exec (a process may map a driver library soon), and cgroup removal
-/// (prunes the removed cgroup's records).
-const TRACEPOINTS: [(&str, &str, &str); 3] = [
+/// process's bytes), exec (a process may map a driver library soon), cgroup removal
+/// (prunes the removed cgroup's records) and creation (a new shared parent to mark).
+const TRACEPOINTS: [(&str, &str, &str); 4] = [
     (fgpu_ebpf::PROG_EXIT, "sched", "sched_process_exit"),
     (fgpu_ebpf::PROG_EXEC, "sched", "sched_process_exec"),
     (fgpu_ebpf::PROG_CGROUP_RMDIR, "cgroup", "cgroup_rmdir"),
+    (fgpu_ebpf::PROG_CGROUP_MKDIR, "cgroup", "cgroup_mkdir"),
 ];
 
 /// Loads the object with `pins`' maps and verifies every program (attached afterwards).
