@@ -316,7 +316,7 @@ impl Tenant {
     /// `FGPU_TENANT_MAX_CGROUPS`.
     pub const MAX_CGROUPS: i64 = 1024;
     /// `FGPU_TENANTS_AT_BOUND`: tenants the shared maps hold at their bounds at once.
-    pub const AT_BOUND: i64 = 32;
+    pub const AT_BOUND: i64 = 16;
 }
 
 /// `FGPU_ACT_*`: what the kernel did about an over-limit or over-bound allocation (the

@@ -192,7 +192,7 @@ struct fgpu_tenant {
  * this many times the per-tenant bound on its entries, so that a map is full only when that
  * many tenants are at their bounds (a full map kills nobody: FGPU_CTR_MAP_FULL).
  */
-#define FGPU_TENANTS_AT_BOUND 32
+#define FGPU_TENANTS_AT_BOUND 16
 
 /*
  * Shared parents the agent may mark (`shared`, `shared_paths`). Paths of marked cgroups are
