@@ -460,3 +460,48 @@ fn privileged_an_unlimited_tenant_visiting_cgroups_meets_its_own_bound_and_a_nei
     }
     drop(fresh);
 }
+
+/// A tenant nesting its cgroups deep: every cgroup between an allocating cgroup and its
+/// tenant gets subtree totals too (`tree_usage`), without allocating, so a tenant counted
+/// only by allocating cgroups held up to 15 uncounted entries per cgroup and device. Each
+/// allocating cgroup counts for itself and the cgroups between it and its tenant now: seven
+/// levels below the tenant, the tenant's 1024 are 128 cgroups, and the 129th meets the bound.
+#[test]
+fn privileged_a_tenant_nesting_deep_counts_the_cgroups_its_subtree_totals_need() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let tenant = Cgroup::new(&unique("fgpu-e2e-deep"));
+    let mut deep = tenant.path.trim_start_matches('/').to_string();
+    let mut levels = Vec::new();
+    for d in 1..=7 {
+        deep = format!("{deep}/d{d}");
+        levels.push(Cgroup::new(&deep));
+    }
+    let base = levels.last().unwrap().dir.to_str().unwrap().to_string();
+    let mut churn = spawn_hostile(
+        &tenant,
+        &state,
+        &["churn", &base, "200", "1048576", "keep"],
+        &[],
+    );
+    let status = exit_status(&mut churn);
+    assert_eq!(status, 128 + libc::SIGKILL, "{:?}", churn.lines.last());
+    assert_eq!(
+        oks(&churn.lines, "cgroup "),
+        128,
+        "{:?}",
+        churn.lines.last()
+    );
+    let records = over_bound_records(&agent, &tenant, 1);
+    assert_eq!(records.len(), 1, "{records:?}");
+    let last = levels.last().unwrap();
+    for i in 0..200 {
+        let _ = std::fs::remove_dir(last.dir.join(format!("c{i}")));
+    }
+    while let Some(level) = levels.pop() {
+        drop(level);
+    }
+}

@@ -263,7 +263,9 @@ pub struct CgroupTree {
     pub structural: u64,
     /// `anc[below]` is the structural tenant ([`MAX_LEVELS`]: out of reach).
     pub below: u32,
-    pub pad: u32,
+    /// What this entry counts in its tenant's `cgroups`: itself and the cgroups between it
+    /// and its structural tenant within reach, which get subtree totals too.
+    pub weight: u32,
 }
 
 /// `struct fgpu_shared_path`: key of `shared_paths`, a shared parent's path from the v2
@@ -304,7 +306,7 @@ pub struct Tenant {
     pub procs: i64,
     /// Allocations refused tracking because a bound was reached.
     pub over_bound: u64,
-    /// Live entries in `cg_tree` counted against this tenant.
+    /// Live entries in `cg_tree` counted against this tenant, each with its weight.
     pub cgroups: i64,
 }
 

@@ -131,9 +131,10 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	/* The tenants' cgroups, and the shared parents above them, per device. */
-	__uint(max_entries, (FGPU_TENANT_MAX_CGROUPS * FGPU_TENANTS_AT_BOUND + FGPU_MAX_SHARED) *
-				    FGPU_MAX_DEVICES);
+	/* The tenants' cgroups, their structural tenants and the shared parents, per device. */
+	__uint(max_entries,
+	       ((FGPU_TENANT_MAX_CGROUPS + 1) * FGPU_TENANTS_AT_BOUND + FGPU_MAX_SHARED) *
+		       FGPU_MAX_DEVICES);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct fgpu_cg_key);
 	__type(value, __u64);
@@ -344,7 +345,7 @@ static __always_inline int prune(__u64 cgroup_id)
 {
 	struct fgpu_cg_tree *tree;
 	struct fgpu_tenant *t;
-	__u64 counted;
+	__u64 counted, weight;
 
 	for (__u32 d = 0; d < FGPU_MAX_DEVICES; d++) {
 		struct fgpu_cg_key key = { .cgroup_id = cgroup_id, .device = d };
@@ -362,11 +363,12 @@ static __always_inline int prune(__u64 cgroup_id)
 	tree = bpf_map_lookup_elem(&cg_tree, &cgroup_id);
 	if (tree) {
 		counted = tree->counted;
+		weight = tree->weight;
 		/* Only the one that deletes it gives its place back. */
 		if (bpf_map_delete_elem(&cg_tree, &cgroup_id) == 0) {
 			t = bpf_map_lookup_elem(&tenants, &counted);
 			if (t)
-				__sync_fetch_and_add(&t->cgroups, -1);
+				__sync_fetch_and_add(&t->cgroups, -weight);
 			count(FGPU_CTR_CGROUPS_PRUNED);
 		}
 	}
@@ -485,19 +487,20 @@ static __always_inline struct fgpu_cg_tree *ancestry(__u64 cgroup_id, __u64 *bou
 	tree->anc[0] = cgroup_id; /* the same id, read once */
 	tree->structural = slevel == level ? cgroup_id : bpf_get_current_ancestor_cgroup_id(slevel);
 	tree->below = level - slevel < FGPU_MAX_LEVELS ? level - slevel : FGPU_MAX_LEVELS;
-	tree->pad = 0;
+	/* Itself and the cgroups between it and its structural tenant (see fgpu.h). */
+	tree->weight = tree->below > 1 ? tree->below : 1;
 	key = tenant_in(tree, &flags);
 	t = tenant_of(key);
 	if (!t)
 		return NULL;
-	if (t->cgroups >= FGPU_TENANT_MAX_CGROUPS) {
+	if (t->cgroups + tree->weight > FGPU_TENANT_MAX_CGROUPS) {
 		*bound = key;
 		return NULL;
 	}
 	tree->counted = key;
 	tree->gone = 0;
 	if (bpf_map_update_elem(&cg_tree, &cgroup_id, tree, BPF_NOEXIST) == 0)
-		__sync_fetch_and_add(&t->cgroups, 1);
+		__sync_fetch_and_add(&t->cgroups, tree->weight);
 	return bpf_map_lookup_elem(&cg_tree, &cgroup_id);
 }
 

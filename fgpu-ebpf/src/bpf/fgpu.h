@@ -154,7 +154,7 @@ struct fgpu_cg_tree {
 	__u64 gone;       /* non-zero once the cgroup was removed while its processes held bytes */
 	__u64 structural; /* the cgroup's structural tenant (below) */
 	__u32 below;      /* anc[below] is the structural tenant (FGPU_MAX_LEVELS: out of reach) */
-	__u32 pad;
+	__u32 weight;     /* what this entry counts in its tenant's `cgroups` (below) */
 };
 
 /*
@@ -182,9 +182,12 @@ struct fgpu_tenant {
 #define FGPU_TENANT_MAX_ALLOCS 16384
 #define FGPU_TENANT_MAX_PROCS 1024
 /*
- * Cgroups tracked (entries of `cg_tree`, and with them of `cg_usage` and `tree_usage`) per
- * tenant. A cgroup removed is pruned from every map (tracepoint cgroup/cgroup_rmdir), so
- * this bounds what is alive, not what was ever seen.
+ * Cgroups tracked per tenant: entries of `cg_tree`, and with them of `cg_usage` and
+ * `tree_usage`. An allocating cgroup counts once for itself and once for each cgroup between
+ * it and its structural tenant within reach (anc[1 .. below - 1]: each gets subtree totals
+ * too, without allocating), so a tenant's subtree totals are bounded however deep it nests.
+ * A cgroup removed is pruned from every map (tracepoint cgroup/cgroup_rmdir), so this bounds
+ * what is alive, not what was ever seen.
  */
 #define FGPU_TENANT_MAX_CGROUPS 1024
 /*
