@@ -26,6 +26,9 @@ pub enum EventKind {
     /// A cgroup v2 directory (`cgroup_id`) was removed; `size`: bytes its processes still
     /// held (0: the kernel pruned every record of it at once).
     CgroupGone = 7,
+    /// A cgroup v2 directory (`cgroup_id`, at level `result`) was made directly under the
+    /// root or under a marked shared parent: it may be a shared parent too.
+    CgroupNew = 8,
 }
 
 impl EventKind {
@@ -38,6 +41,7 @@ impl EventKind {
             5 => Some(Self::OverLimit),
             6 => Some(Self::OverBound),
             7 => Some(Self::CgroupGone),
+            8 => Some(Self::CgroupNew),
             _ => None,
         }
     }
@@ -250,10 +254,46 @@ impl KernelLimit {
 #[repr(C)]
 pub struct CgroupTree {
     pub anc: [u64; MAX_LEVELS],
-    /// The tenant key whose `cgroups` count holds this entry (0: the shared pool).
+    /// The tenant whose `cgroups` count holds this entry.
     pub counted: u64,
     /// Non-zero once the cgroup was removed while its processes held bytes.
     pub gone: u64,
+    /// The cgroup's structural tenant: from the root down, the first cgroup not marked
+    /// shared (the cgroup itself when all are).
+    pub structural: u64,
+    /// `anc[below]` is the structural tenant ([`MAX_LEVELS`]: out of reach).
+    pub below: u32,
+    /// What this entry counts in its tenant's `cgroups`: itself and the cgroups between it
+    /// and its structural tenant within reach, which get subtree totals too.
+    pub weight: u32,
+}
+
+/// `struct fgpu_shared_path`: key of `shared_paths`, a shared parent's path from the v2
+/// root, zero-padded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
+pub struct SharedPath {
+    pub path: [u8; SHARED_PATH_MAX],
+}
+
+/// `FGPU_SHARED_PATH_MAX`: a shared parent's path fits in one byte less.
+pub const SHARED_PATH_MAX: usize = 256;
+/// `FGPU_MAX_SHARED`: shared parents the kernel keeps.
+pub const MAX_SHARED: usize = 4096;
+
+impl SharedPath {
+    /// The key of cgroup path `path` ("/a/b"); `None` if it does not fit.
+    pub fn new(path: &str) -> Option<Self> {
+        let bytes = path.as_bytes();
+        if bytes.len() >= SHARED_PATH_MAX || bytes.contains(&0) {
+            return None;
+        }
+        let mut key = Self {
+            path: [0; SHARED_PATH_MAX],
+        };
+        key.path[..bytes.len()].copy_from_slice(bytes);
+        Some(key)
+    }
 }
 
 /// `struct fgpu_tenant`: value of `tenants` (key: the tenant's cgroup id).
@@ -266,8 +306,7 @@ pub struct Tenant {
     pub procs: i64,
     /// Allocations refused tracking because a bound was reached.
     pub over_bound: u64,
-    /// Live entries in `cg_tree` counted against this tenant (key 0: the shared pool of
-    /// cgroups with no limited ancestor).
+    /// Live entries in `cg_tree` counted against this tenant, each with its weight.
     pub cgroups: i64,
 }
 
@@ -278,8 +317,8 @@ impl Tenant {
     pub const MAX_PROCS: i64 = 1024;
     /// `FGPU_TENANT_MAX_CGROUPS`.
     pub const MAX_CGROUPS: i64 = 1024;
-    /// `FGPU_POOL_MAX_CGROUPS`.
-    pub const POOL_MAX_CGROUPS: i64 = 32768;
+    /// `FGPU_TENANTS_AT_BOUND`: tenants the shared maps hold at their bounds at once.
+    pub const AT_BOUND: i64 = 16;
 }
 
 /// `FGPU_ACT_*`: what the kernel did about an over-limit or over-bound allocation (the
@@ -324,8 +363,11 @@ const _: () = {
     assert!(offset_of!(ProcUsage, tenant) == 16);
     assert!(size_of::<KernelLimit>() == 16);
     assert!(offset_of!(KernelLimit, flags) == 8);
-    assert!(size_of::<CgroupTree>() == 8 * MAX_LEVELS + 16);
+    assert!(size_of::<CgroupTree>() == 8 * MAX_LEVELS + 32);
     assert!(offset_of!(CgroupTree, counted) == 8 * MAX_LEVELS);
+    assert!(offset_of!(CgroupTree, structural) == 8 * MAX_LEVELS + 16);
+    assert!(offset_of!(CgroupTree, below) == 8 * MAX_LEVELS + 24);
+    assert!(size_of::<SharedPath>() == 256);
     assert!(size_of::<Tenant>() == 32);
     assert!(offset_of!(Tenant, cgroups) == 24);
     assert!(offset_of!(Tenant, procs) == 8);
@@ -349,6 +391,7 @@ mod tests {
         assert_eq!(e.size, 256 << 20);
         assert_eq!(e.tgid, 77);
         assert_eq!(EventKind::from_raw(e.kind), Some(EventKind::Alloc));
+        assert_eq!(EventKind::from_raw(8), Some(EventKind::CgroupNew));
         assert_eq!(ApiId::from_raw(e.api), Some(ApiId::CuMemCreate));
         assert_eq!(Event::from_bytes(&raw[..63]), None);
     }

@@ -13,6 +13,8 @@
 //!   so it can look for driver libraries in it.
 //! - [`PROG_CGROUP_RMDIR`] (`tracepoint/cgroup/cgroup_rmdir`): prunes a removed cgroup's
 //!   records from every cgroup-keyed map, so that they bound live cgroups, not all ever seen.
+//! - [`PROG_CGROUP_MKDIR`] (`tracepoint/cgroup/cgroup_mkdir`): tells the agent of cgroups
+//!   made directly under the root or under a shared parent, which it may mark shared.
 
 /// Name of the entry uprobe program.
 pub const PROG_ENTER: &str = "fgpu_enter";
@@ -24,6 +26,8 @@ pub const PROG_EXIT: &str = "fgpu_sched_exit";
 pub const PROG_EXEC: &str = "fgpu_sched_exec";
 /// Name of the cgroup-removal tracepoint program.
 pub const PROG_CGROUP_RMDIR: &str = "fgpu_cgroup_rmdir";
+/// Name of the cgroup-creation tracepoint program.
+pub const PROG_CGROUP_MKDIR: &str = "fgpu_cgroup_mkdir";
 
 /// Maps in the object (see the header comment of `fgpu.bpf.c`).
 pub mod maps {
@@ -34,6 +38,8 @@ pub mod maps {
     pub const CG_TREE: &str = "cg_tree";
     pub const LIMITS: &str = "limits";
     pub const TENANTS: &str = "tenants";
+    pub const SHARED: &str = "shared";
+    pub const SHARED_PATHS: &str = "shared_paths";
     pub const COUNTERS: &str = "counters";
     pub const EVENTS: &str = "events";
 }

@@ -118,7 +118,9 @@ pub const AGENT: Crate = Crate {
             "scm",
             "smi",
         ],
-        &["bound", "gpusel", "limits", "pidfd", "probes", "targets"],
+        &[
+            "bound", "gpusel", "limits", "pidfd", "probes", "shared", "targets",
+        ],
         &["adopt", "backstop", "devmap", "peer", "shims", "watcher"],
         // The ledgers and the compute controller that schedules them.
         &["compute", "ledgers"],

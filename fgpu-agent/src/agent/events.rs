@@ -63,6 +63,15 @@ fn record(state: &State, out: &Outlets, e: &Event) {
             out.enforcer.exec_in(e.cgroup_id);
             return;
         }
+        Some(EventKind::CgroupNew) => {
+            // Named by its handle (a cost that does not grow with the cgroups on the node).
+            let path = state.names().path_of(e.cgroup_id);
+            if let Some(path) = path {
+                let mount = state.cgroup2_mount();
+                super::shared::cgroup_new(&mut state.kernel(), mount, e.cgroup_id, &path);
+            }
+            return;
+        }
         Some(EventKind::CgroupGone) => {
             out.enforcer.cgroup_gone(e.cgroup_id);
             state.forget_cgroup(e.cgroup_id);

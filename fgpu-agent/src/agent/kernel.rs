@@ -1,5 +1,6 @@
 //! Reading what the kernel side recorded (`cg_usage`, `tree_usage`, `procs`, `tenants`,
-//! `counters`) and writing the one map the agent owns, `limits`.
+//! `counters`) and writing the maps the agent owns: `limits`, and the node's shared parents
+//! (`shared`, `shared_paths`; which cgroups those are, [`super::shared`]).
 //!
 //! The totals live in maps updated with atomic adds in the kernel, so they stay exact even
 //! if ring-buffer events are dropped; the agent only reads them. The kernel prunes a removed
@@ -9,7 +10,9 @@ use anyhow::{Context, Result};
 use aya::Ebpf;
 use aya::Pod;
 use aya::maps::{Array, HashMap, MapData};
-use fgpu_common::event::{CgroupKey, CgroupTree, CgroupUsage, KernelLimit, ProcUsage, counter};
+use fgpu_common::event::{
+    CgroupKey, CgroupTree, CgroupUsage, KernelLimit, ProcUsage, SharedPath, counter,
+};
 
 use crate::status::KernelCounters;
 
@@ -29,6 +32,9 @@ struct Lim(KernelLimit);
 #[derive(Clone, Copy)]
 #[repr(transparent)]
 struct Tree(CgroupTree);
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Path(SharedPath);
 
 // SAFETY: #[repr(transparent)] over #[repr(C)] structs of integers with no padding holes
 // the kernel could leave uninitialised (layouts asserted in fgpu_common::event).
@@ -41,6 +47,8 @@ unsafe impl Pod for Proc {}
 unsafe impl Pod for Lim {}
 // SAFETY: as above.
 unsafe impl Pod for Tree {}
+// SAFETY: #[repr(transparent)] over a #[repr(C)] byte array (layout asserted likewise).
+unsafe impl Pod for Path {}
 
 /// A consistent-enough copy of the kernel's view (each entry is read atomically).
 #[derive(Debug, Default, Clone)]
@@ -58,6 +66,8 @@ pub struct KernelMaps {
     cg_tree: HashMap<MapData, u64, Tree>,
     limits: HashMap<MapData, u64, Lim>,
     procs: HashMap<MapData, u32, Proc>,
+    shared: HashMap<MapData, u64, u32>,
+    shared_paths: HashMap<MapData, Path, u64>,
     counters: Array<MapData, u64>,
 }
 
@@ -74,6 +84,8 @@ impl KernelMaps {
             cg_tree: HashMap::try_from(take(maps::CG_TREE)?)?,
             limits: HashMap::try_from(take(maps::LIMITS)?)?,
             procs: HashMap::try_from(take(maps::PROCS)?)?,
+            shared: HashMap::try_from(take(maps::SHARED)?)?,
+            shared_paths: HashMap::try_from(take(maps::SHARED_PATHS)?)?,
             counters: Array::try_from(take(maps::COUNTERS)?)?,
         })
     }
@@ -125,6 +137,27 @@ impl KernelMaps {
         self.limits
             .remove(&cgroup_id)
             .with_context(|| format!("removing the kernel limit of cgroup {cgroup_id}"))
+    }
+
+    /// Marks cgroup `id` at `path` as one of the node's shared parents (its path first, so
+    /// that the kernel reports cgroups made in it as soon as it is shared). `Ok(false)` if
+    /// its path does not fit the kernel's key (it stays unmarked).
+    pub fn mark_shared(&mut self, id: u64, path: &str) -> Result<bool> {
+        let Some(key) = SharedPath::new(path) else {
+            return Ok(false);
+        };
+        self.shared_paths
+            .insert(Path(key), id, 0)
+            .with_context(|| format!("marking {path} shared (by path)"))?;
+        self.shared
+            .insert(id, 1, 0)
+            .with_context(|| format!("marking {path} shared"))?;
+        Ok(true)
+    }
+
+    /// Whether cgroup `id` is marked shared.
+    pub fn is_shared(&self, id: u64) -> bool {
+        self.shared.get(&id, 0).is_ok()
     }
 
     /// The ancestry the kernel recorded, by cgroup id.

@@ -39,6 +39,7 @@ mod report;
 mod request;
 mod scm;
 pub(crate) mod server;
+mod shared;
 mod shims;
 mod smi;
 mod state;
@@ -210,7 +211,11 @@ pub fn run(args: AgentArgs) -> Result<()> {
     };
     let gpus = gpus::Gpus::open(nvml_lib.as_deref());
     let mut probes = probes::Probes::load(&args.bpf_dir)?;
-    let kernel = kernel::KernelMaps::take(&mut probes.ebpf)?;
+    let mut kernel = kernel::KernelMaps::take(&mut probes.ebpf)?;
+    // Before any probe on a driver library is attached, so that no allocation is counted
+    // against a shared parent taken for a tenant.
+    let marked = shared::mark_below(&mut kernel, &host.cgroup2_mount, "/");
+    tracing::info!(marked, "shared parent cgroups marked in the kernel");
     let ring = events::ring(&mut probes.ebpf)?;
 
     let libraries = Arc::new(Mutex::new(Vec::new()));

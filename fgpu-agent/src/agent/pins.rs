@@ -19,7 +19,8 @@ use aya::programs::links::FdLink;
 
 /// Maps whose contents must outlive an agent.
 /// `limits` is among them, so the kernel keeps enforcing while no agent runs.
-pub const PINNED_MAPS: [&str; 9] = [
+/// So are the node's shared parents, which tell the probes who the tenants are.
+pub const PINNED_MAPS: [&str; 11] = [
     "call_args",
     "allocs",
     "cg_usage",
@@ -29,6 +30,8 @@ pub const PINNED_MAPS: [&str; 9] = [
     "cg_tree",
     "limits",
     "tenants",
+    "shared",
+    "shared_paths",
 ];
 
 pub struct Pins {

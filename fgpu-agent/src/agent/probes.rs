@@ -80,10 +80,18 @@ impl Probes {
 
     /// Attaches the entry and return probes to every allocation-class entry point that
     /// `lib` exports. Returns how many entry points were probed; an error if none was.
+    ///
+    /// Frees first, and of each entry point its return before its entry: while probes are
+    /// being attached no allocation is charged whose free would not be credited (a tenant
+    /// churning cgroups would otherwise keep every cgroup of that window tracked until its
+    /// process exits, and meet its bound on cgroups), and no free's entry takes a record
+    /// that no return puts back.
     pub fn attach_library(&mut self, lib: Library) -> Result<usize> {
         let mut probed = 0;
         let mut missing = Vec::new();
-        for api in ApiId::of(lib.driver) {
+        let (frees, allocs): (Vec<ApiId>, Vec<ApiId>) =
+            ApiId::of(lib.driver).partition(|&a| releases(a));
+        for api in frees.into_iter().chain(allocs) {
             for &symbol in api.symbols() {
                 match self.attach_symbol(&lib.path, symbol, api) {
                     Ok(()) => probed += 1,
@@ -111,7 +119,7 @@ impl Probes {
     }
 
     fn attach_symbol(&mut self, path: &Path, symbol: &str, api: ApiId) -> Result<()> {
-        for name in [fgpu_ebpf::PROG_ENTER, fgpu_ebpf::PROG_LEAVE] {
+        for name in [fgpu_ebpf::PROG_LEAVE, fgpu_ebpf::PROG_ENTER] {
             let point = UProbeAttachPoint {
                 location: UProbeAttachLocation::Symbol(symbol),
                 cookie: Some(api as u64),
@@ -126,13 +134,27 @@ impl Probes {
     }
 }
 
+/// Whether `api` gives memory back (a free or a VMM release).
+fn releases(api: ApiId) -> bool {
+    matches!(
+        api,
+        ApiId::CuMemFree
+            | ApiId::CuMemFreeAsync
+            | ApiId::CuMemRelease
+            | ApiId::HipFree
+            | ApiId::HipFreeAsync
+            | ApiId::HipMemRelease
+    )
+}
+
 /// The tracepoint programs and what each is attached to: process exit (releases a dead
-/// process's bytes), exec (a process may map a driver library soon), and cgroup removal
-/// (prunes the removed cgroup's records).
-const TRACEPOINTS: [(&str, &str, &str); 3] = [
+/// process's bytes), exec (a process may map a driver library soon), cgroup removal
+/// (prunes the removed cgroup's records) and creation (a new shared parent to mark).
+const TRACEPOINTS: [(&str, &str, &str); 4] = [
     (fgpu_ebpf::PROG_EXIT, "sched", "sched_process_exit"),
     (fgpu_ebpf::PROG_EXEC, "sched", "sched_process_exec"),
     (fgpu_ebpf::PROG_CGROUP_RMDIR, "cgroup", "cgroup_rmdir"),
+    (fgpu_ebpf::PROG_CGROUP_MKDIR, "cgroup", "cgroup_mkdir"),
 ];
 
 /// Loads the object with `pins`' maps and verifies every program (attached afterwards).

@@ -19,18 +19,6 @@ use super::limits::{LimitView, ancestors};
 use super::peer::Caller;
 use super::state::State;
 
-/// Cgroup names the node shares between tenants (besides every `*.slice`): the walk goes
-/// on below them.
-const SHARED: [&str; 7] = [
-    "kubepods",
-    "burstable",
-    "besteffort",
-    "docker",
-    "libpod_parent",
-    "machine",
-    "fgpu",
-];
-
 /// The key `caller`'s connections count under.
 pub fn key(state: &State, caller: &Caller) -> String {
     match &caller.cgroup {
@@ -55,18 +43,13 @@ pub fn tenant_of(store: &LimitView, cgroup: &str) -> String {
 /// is a shared parent, e.g. a process in `/user.slice` itself or in the root).
 fn structural(cgroup: &str) -> &str {
     let mut end = 0;
-    let mut parent: Option<&str> = None;
     for part in cgroup.split('/').filter(|p| !p.is_empty()) {
         let start = cgroup[end..].find(part).map_or(end, |i| end + i);
         end = start + part.len();
         let prefix = &cgroup[..end];
-        let shared = part.ends_with(".slice") || SHARED.contains(&part);
-        let named = fgpu_common::cgroup::naming::identity(prefix).pod.is_some()
-            || fgpu_common::cgroup::naming::container_segment(part, parent).is_some();
-        if named || !shared {
+        if !fgpu_common::cgroup::shared::is_shared_parent(prefix) {
             return prefix;
         }
-        parent = Some(part);
     }
     cgroup
 }

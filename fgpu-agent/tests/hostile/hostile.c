@@ -22,6 +22,10 @@
  *       free it. With `keep` no cgroup is removed; with `hold-every K` every K-th allocation
  *       is held across the move and freed after its cgroup was removed. Prints "cgroup i ok"
  *       after each allocation, "churned N" at the end (back in DIR).
+ *   hostile spread DIR K PER CHUNK
+ *       K times: create DIR/s<i>, move itself there and allocate CHUNK bytes PER times,
+ *       holding everything; prints "held K*PER", waits for a line on stdin, then does the
+ *       same in one more cgroup, DIR/s<K>, and prints "done".
  *
  * Every allocation prints "alloc i ok" (or "alloc i rc=N"); "done" at the end.
  */
@@ -376,6 +380,52 @@ static int churn(const char *base, long n, size_t chunk, int keep, long hold_eve
 	return 0;
 }
 
+/* ---- allocations held across cgroups ---- */
+
+/* Makes DIR/s<k>, moves there and allocates CHUNK bytes PER times, numbering from *n. */
+static int spread_into(const char *base, long k, long per, size_t chunk, long *n)
+{
+	char dir[4096];
+
+	snprintf(dir, sizeof(dir), "%s/s%ld", base, k);
+	if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+		say("error mkdir %ld errno=%d", k, errno);
+		return 1;
+	}
+	if (move_to(dir) != 0) {
+		say("error move %ld errno=%d", k, errno);
+		return 1;
+	}
+	for (long i = 0; i < per; i++, (*n)++) {
+		uint64_t p = 0;
+		int rc = mem_alloc(&p, chunk);
+
+		if (rc) {
+			say("alloc %ld rc=%d", *n, rc);
+			return 1;
+		}
+		say("alloc %ld ok", *n);
+	}
+	return 0;
+}
+
+static int spread(const char *base, long k, long per, size_t chunk)
+{
+	char line[64];
+	long n = 0;
+
+	for (long i = 0; i < k; i++)
+		if (spread_into(base, i, per, chunk, &n))
+			return 1;
+	say("held %ld", n);
+	if (!fgets(line, sizeof(line), stdin))
+		return 1;
+	if (spread_into(base, k, per, chunk, &n))
+		return 1;
+	say("done");
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -399,6 +449,8 @@ int main(int argc, char **argv)
 
 		return churn(argv[2], atol(argv[3]), strtoull(argv[4], NULL, 0), keep, every);
 	}
+	if (!strcmp(argv[1], "spread") && argc == 6)
+		return spread(argv[2], atol(argv[3]), atol(argv[4]), strtoull(argv[5], NULL, 0));
 	fprintf(stderr, "unknown command %s\n", argv[1]);
 	return 2;
 }

@@ -1,11 +1,13 @@
-//! cgroup v2 paths as the kernel reports them, who they belong to ([`naming`]), and the room a
-//! process's memory cgroup leaves it ([`memory`]).
+//! cgroup v2 paths as the kernel reports them, who they belong to ([`naming`]), which of them
+//! the node shares between tenants ([`shared`]), and the room a process's memory cgroup leaves
+//! it ([`memory`]).
 //!
 //! Paths here are relative to the cgroup v2 root and start with `/` (the form of
 //! `/proc/PID/cgroup`): `/kubepods.slice/.../cri-containerd-<id>.scope`.
 
 pub mod memory;
 pub mod naming;
+pub mod shared;
 
 use std::path::PathBuf;
 

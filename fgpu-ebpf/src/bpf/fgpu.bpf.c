@@ -8,13 +8,15 @@
  * success only, charges or credits. Storing by thread makes a second attachment of the
  * same code harmless (the entry overwrites, the first return consumes).
  *
- * State kept here (user space reads it; the agent writes `limits` only):
+ * State kept here (user space reads it; the agent writes `limits` and the shared parents):
  *   call_args  task-local: the arguments of the probed call a thread is inside
  *   allocs     (tgid, pointer or VMM handle) -> (size, cgroup, device, tenant)
  *   cg_usage   (cgroup, device) -> bytes held by the cgroup's own processes, allocs, frees
  *   tree_usage (cgroup, device) -> bytes held by the cgroup and all its descendants
  *   cg_tree    cgroup -> its ancestry (struct fgpu_cg_tree), bounded per tenant
  *   limits     cgroup -> threshold and policy (struct fgpu_limit), written by the agent
+ *   shared     cgroup -> 1 for the node's shared parents, written by the agent
+ *   shared_paths  a shared parent's path -> its id, written by the agent (cgroup_mkdir)
  *   tenants    tenant -> live tracking entries (struct fgpu_tenant)
  *   procs      tgid -> cgroup, bytes held, tenant; a group leader's exit releases the process
  *   counters   drops and anomalies, never silent
@@ -30,8 +32,9 @@
  * (a container's own copy of libcuda) in new processes soon after they start.
  *
  * What a tenant controls is untrusted: a tenant can fill no map others depend on (call
- * arguments are task-local; cgroups and allocations are bounded per tenant; a removed
- * cgroup is pruned from every cgroup-keyed map), and what it can rewrite in its own memory
+ * arguments are task-local; cgroups, processes and allocations are bounded per tenant, and
+ * a tenant is a cgroup it cannot make more of (struct fgpu_tenant); a removed cgroup is
+ * pruned from every cgroup-keyed map), and what it can rewrite in its own memory
  * between the driver's write and the return probe's read (the output pointer, the pitch,
  * the allocation properties) can only make it charged more, never less.
  */
@@ -104,7 +107,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 262144);
+	__uint(max_entries, FGPU_TENANT_MAX_ALLOCS * FGPU_TENANTS_AT_BOUND);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct alloc_key);
 	__type(value, struct alloc_val);
@@ -112,7 +115,8 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 262144);
+	/* A tracked cgroup has an entry per device it allocated on. */
+	__uint(max_entries, FGPU_TENANT_MAX_CGROUPS * FGPU_MAX_DEVICES * FGPU_TENANTS_AT_BOUND);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct fgpu_cg_key);
 	__type(value, struct fgpu_cg_usage);
@@ -120,14 +124,17 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, FGPU_TENANT_MAX_PROCS * FGPU_TENANTS_AT_BOUND);
 	__type(key, __u32);
 	__type(value, struct fgpu_proc);
 } procs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 262144);
+	/* The tenants' cgroups, their structural tenants and the shared parents, per device. */
+	__uint(max_entries,
+	       ((FGPU_TENANT_MAX_CGROUPS + 1) * FGPU_TENANTS_AT_BOUND + FGPU_MAX_SHARED) *
+		       FGPU_MAX_DEVICES);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct fgpu_cg_key);
 	__type(value, __u64);
@@ -135,7 +142,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, FGPU_TENANT_MAX_CGROUPS * FGPU_TENANTS_AT_BOUND);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u64);
 	__type(value, struct fgpu_cg_tree);
@@ -147,6 +154,24 @@ struct {
 	__type(key, __u64);
 	__type(value, struct fgpu_limit);
 } limits SEC(".maps");
+
+/* The node's shared parents (cgroup id -> 1): written by the agent, pruned at rmdir. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FGPU_MAX_SHARED);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u64);
+	__type(value, __u32);
+} shared SEC(".maps");
+
+/* The same cgroups by path, for cgroup_mkdir (whose record names the new cgroup's path). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FGPU_MAX_SHARED);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct fgpu_shared_path);
+	__type(value, __u64);
+} shared_paths SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -163,6 +188,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct fgpu_cg_tree);
 } scratch SEC(".maps");
+
+/* Room to build a path key off the stack. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fgpu_shared_path);
+} path_scratch SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -312,7 +345,7 @@ static __always_inline int prune(__u64 cgroup_id)
 {
 	struct fgpu_cg_tree *tree;
 	struct fgpu_tenant *t;
-	__u64 counted;
+	__u64 counted, weight;
 
 	for (__u32 d = 0; d < FGPU_MAX_DEVICES; d++) {
 		struct fgpu_cg_key key = { .cgroup_id = cgroup_id, .device = d };
@@ -330,11 +363,12 @@ static __always_inline int prune(__u64 cgroup_id)
 	tree = bpf_map_lookup_elem(&cg_tree, &cgroup_id);
 	if (tree) {
 		counted = tree->counted;
+		weight = tree->weight;
 		/* Only the one that deletes it gives its place back. */
 		if (bpf_map_delete_elem(&cg_tree, &cgroup_id) == 0) {
 			t = bpf_map_lookup_elem(&tenants, &counted);
 			if (t)
-				__sync_fetch_and_add(&t->cgroups, -1);
+				__sync_fetch_and_add(&t->cgroups, -weight);
 			count(FGPU_CTR_CGROUPS_PRUNED);
 		}
 	}
@@ -375,19 +409,52 @@ static __always_inline void restore(__u32 tgid, __u64 addr, const struct alloc_v
 		count(FGPU_CTR_MAP_FULL); /* still charged; released with the process */
 }
 
+/* The node's policy for tenants without a limit of their own (key 0 of `limits`). */
+static __always_inline __u32 default_flags(void)
+{
+	__u64 none = 0;
+	struct fgpu_limit *l = bpf_map_lookup_elem(&limits, &none);
+
+	return l ? l->flags : 0;
+}
+
+/*
+ * The tenant of a cgroup whose ancestry is `tree` (see struct fgpu_tenant): the topmost
+ * limited cgroup within reach at or below its structural tenant, else that one. `*flags`:
+ * the tenant's policy (its limit's, else the node's default).
+ */
+static __always_inline __u64 tenant_in(const struct fgpu_cg_tree *tree, __u32 *flags)
+{
+	__u64 tenant = tree->structural;
+
+	*flags = default_flags();
+	for (int i = 0; i < FGPU_MAX_LEVELS; i++) {
+		__u64 id = tree->anc[i];
+		struct fgpu_limit *l;
+
+		if (!id || i > tree->below)
+			break; /* past the root, or a shared parent above the structural tenant */
+		l = bpf_map_lookup_elem(&limits, &id);
+		if (l) {
+			tenant = id;
+			*flags = l->flags;
+		}
+	}
+	return tenant;
+}
+
 /*
  * The ancestry of the current task's cgroup `cgroup_id`, recorded on first use and counted
- * against the topmost limited ancestor within reach (else the shared pool, key 0). NULL if
- * it cannot be recorded: `*bound` is then the tenant key whose bound on cgroups was reached,
- * or ~0 if a map was full.
+ * against its tenant. NULL if it cannot be recorded: `*bound` is then the tenant whose bound
+ * on cgroups was reached, or ~0 if a map was full.
  */
 static __always_inline struct fgpu_cg_tree *ancestry(__u64 cgroup_id, __u64 *bound)
 {
 	struct fgpu_cg_tree *tree = bpf_map_lookup_elem(&cg_tree, &cgroup_id);
 	struct fgpu_tenant *t;
-	__u64 key = 0;
-	__u32 zero = 0;
-	int level = 0;
+	__u64 key;
+	__u32 zero = 0, flags;
+	int level = 0, slevel = -1;
 
 	*bound = ~0ULL;
 	if (tree)
@@ -395,37 +462,45 @@ static __always_inline struct fgpu_cg_tree *ancestry(__u64 cgroup_id, __u64 *bou
 	tree = bpf_map_lookup_elem(&scratch, &zero);
 	if (!tree)
 		return NULL;
-	/* The cgroup's own level: the deepest one with an ancestor id. */
+	/*
+	 * The cgroup's own level (the deepest one with an ancestor id), and its structural
+	 * tenant's: walking down from the root, the first cgroup not marked shared. Walked from
+	 * the root, not within anc[], so that nesting deeper than anc[] reaches finds no tenant
+	 * of its own.
+	 */
 	for (int l = 1; l < FGPU_MAX_DEPTH; l++) {
-		if (!bpf_get_current_ancestor_cgroup_id(l))
+		__u64 id = bpf_get_current_ancestor_cgroup_id(l);
+
+		if (!id)
 			break;
 		level = l;
+		if (slevel < 0 && !bpf_map_lookup_elem(&shared, &id))
+			slevel = l;
 	}
+	if (slevel < 0)
+		slevel = level; /* every cgroup on the way is shared: the cgroup itself */
 	for (int i = 0; i < FGPU_MAX_LEVELS; i++) {
 		int l = level - i;
 
 		tree->anc[i] = l >= 0 ? bpf_get_current_ancestor_cgroup_id(l) : 0;
 	}
 	tree->anc[0] = cgroup_id; /* the same id, read once */
-	for (int i = 0; i < FGPU_MAX_LEVELS; i++) {
-		__u64 id = tree->anc[i];
-
-		if (!id)
-			break;
-		if (bpf_map_lookup_elem(&limits, &id))
-			key = id;
-	}
+	tree->structural = slevel == level ? cgroup_id : bpf_get_current_ancestor_cgroup_id(slevel);
+	tree->below = level - slevel < FGPU_MAX_LEVELS ? level - slevel : FGPU_MAX_LEVELS;
+	/* Itself and the cgroups between it and its structural tenant (see fgpu.h). */
+	tree->weight = tree->below > 1 ? tree->below : 1;
+	key = tenant_in(tree, &flags);
 	t = tenant_of(key);
 	if (!t)
 		return NULL;
-	if (t->cgroups >= (key ? FGPU_TENANT_MAX_CGROUPS : FGPU_POOL_MAX_CGROUPS)) {
+	if (t->cgroups + tree->weight > FGPU_TENANT_MAX_CGROUPS) {
 		*bound = key;
 		return NULL;
 	}
 	tree->counted = key;
 	tree->gone = 0;
 	if (bpf_map_update_elem(&cg_tree, &cgroup_id, tree, BPF_NOEXIST) == 0)
-		__sync_fetch_and_add(&t->cgroups, 1);
+		__sync_fetch_and_add(&t->cgroups, tree->weight);
 	return bpf_map_lookup_elem(&cg_tree, &cgroup_id);
 }
 
@@ -441,15 +516,6 @@ static __always_inline __s32 act(__u32 flags)
 		return (__s32)rc;
 	count(FGPU_CTR_KILLED);
 	return FGPU_ACT_KILLED;
-}
-
-/* The node's policy for tenants without a limit of their own (key 0 of `limits`). */
-static __always_inline __u32 default_flags(void)
-{
-	__u64 none = 0;
-	struct fgpu_limit *l = bpf_map_lookup_elem(&limits, &none);
-
-	return l ? l->flags : 0;
 }
 
 /* The policy of tenant `key` (a limited cgroup; else the node's default). */
@@ -501,8 +567,8 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, int addr_o
 	struct fgpu_cg_tree *tree;
 	struct fgpu_tenant *t;
 	struct fgpu_proc *p;
-	__u32 flags = default_flags(), crossed_flags = 0;
-	__u64 tenant = cgroup_id, total, crossed = 0, crossed_total = 0, bound;
+	__u32 flags, crossed_flags = 0;
+	__u64 tenant, total, crossed = 0, crossed_total = 0, bound;
 	int new_proc = 0;
 
 	if (!addr_ok || !addr || (addr & FGPU_ADDR_SYNTH) || bpf_map_lookup_elem(&allocs, &key))
@@ -522,19 +588,8 @@ static __always_inline void charge(__u32 tgid, __u32 tid, __u64 addr, int addr_o
 		over_bound(tgid, tid, bound, flags_of(bound), t, key.addr, size, device, api);
 		return;
 	}
-	/* The tenant: the topmost limited ancestor within reach, else the cgroup itself. */
-	for (int i = 0; i < FGPU_MAX_LEVELS; i++) {
-		__u64 id = tree->anc[i];
-		struct fgpu_limit *l;
-
-		if (!id)
-			break;
-		l = bpf_map_lookup_elem(&limits, &id);
-		if (l) {
-			tenant = id;
-			flags = l->flags;
-		}
-	}
+	/* Found again for each allocation: a limit set since applies. */
+	tenant = tenant_in(tree, &flags);
 	t = tenant_of(tenant);
 	if (!t) {
 		count(FGPU_CTR_MAP_FULL);
@@ -620,21 +675,27 @@ static __always_inline int is_free(__u64 api)
 
 /*
  * The policy of the current task's tenant, found without recording anything (for a call
- * whose arguments could not be stored): the topmost limited ancestor's, else the node's.
+ * whose arguments could not be stored): that of the topmost limited cgroup at or below its
+ * structural tenant, else the node's.
  */
 static __always_inline __u32 caller_flags(void)
 {
-	__u64 key = 0;
+	int reached = 0;
 
-	for (int l = 0; l < FGPU_MAX_DEPTH; l++) {
+	for (int l = 1; l < FGPU_MAX_DEPTH; l++) {
 		__u64 id = bpf_get_current_ancestor_cgroup_id(l);
+		struct fgpu_limit *lim;
 
 		if (!id)
 			break;
-		if (!key && bpf_map_lookup_elem(&limits, &id))
-			key = id;
+		if (!reached && bpf_map_lookup_elem(&shared, &id))
+			continue;
+		reached = 1;
+		lim = bpf_map_lookup_elem(&limits, &id);
+		if (lim)
+			return lim->flags;
 	}
-	return flags_of(key);
+	return default_flags();
 }
 
 SEC("uprobe")
@@ -860,29 +921,100 @@ int fgpu_sched_exec(void *ctx)
 	return 0;
 }
 
-/* tracepoint cgroup/cgroup_rmdir (include/trace/events/cgroup.h, class `cgroup`). */
-struct cgroup_rmdir_args {
+/*
+ * tracepoints cgroup/cgroup_mkdir and cgroup/cgroup_rmdir (include/trace/events/cgroup.h,
+ * class `cgroup`).
+ */
+struct cgroup_dir_args {
 	__u64 common;
 	int root;  /* hierarchy id: 0 is the v2 (default) hierarchy */
 	int level;
 	__u64 id;  /* cgroup id: the inode of its directory */
-	__u32 path_loc;
+	__u32 path_loc; /* __data_loc: offset from the record's start (low 16 bits), length */
 };
 
 /*
- * A cgroup was removed: prune its records now if its processes hold nothing (the usual case:
+ * The path of the cgroup a cgroup_mkdir/rmdir record names, zero-padded in the per-CPU
+ * scratch key, cut at its last '/' when `parent` (the parent's path; "" for the root's
+ * children). NULL if it does not fit a key (such a cgroup is never marked shared).
+ */
+static __always_inline struct fgpu_shared_path *record_path(struct cgroup_dir_args *ctx,
+							    int parent)
+{
+	__u32 zero = 0, off = ctx->path_loc & 0xffff, len = ctx->path_loc >> 16;
+	struct fgpu_shared_path *p = bpf_map_lookup_elem(&path_scratch, &zero);
+	long n;
+	int cut = 0;
+
+	if (!p || len > FGPU_SHARED_PATH_MAX)
+		return NULL;
+	__builtin_memset(p->path, 0, sizeof(p->path));
+	n = bpf_probe_read_kernel_str(p->path, sizeof(p->path), (char *)ctx + off);
+	if (n <= 0 || n >= FGPU_SHARED_PATH_MAX)
+		return NULL;
+	if (!parent)
+		return p;
+	/* The last '/' (n counts the NUL), then the path read again up to it. */
+	for (int i = 0; i < FGPU_SHARED_PATH_MAX; i++) {
+		long j = n - 2 - i;
+
+		if (j < 0)
+			break;
+		if (p->path[j & (FGPU_SHARED_PATH_MAX - 1)] == '/') {
+			cut = j;
+			break;
+		}
+	}
+	__builtin_memset(p->path, 0, sizeof(p->path));
+	if (cut > 0 &&
+	    bpf_probe_read_kernel_str(p->path, (cut & (FGPU_SHARED_PATH_MAX - 1)) + 1,
+				      (char *)ctx + off) <= 0)
+		return NULL;
+	return p;
+}
+
+/*
+ * A cgroup was made: tell the agent if it lies directly under the root or under a shared
+ * parent (FGPU_EV_CGROUP_NEW), where only the node makes cgroups; the agent marks it if it
+ * is a shared parent too. A tenant's own cgroups are below its structural tenant, which is
+ * never marked, so no tenant can make these records.
+ */
+SEC("tracepoint/cgroup/cgroup_mkdir")
+int fgpu_cgroup_mkdir(struct cgroup_dir_args *ctx)
+{
+	struct fgpu_shared_path *parent;
+
+	if (ctx->root != 0)
+		return 0; /* a v1 hierarchy */
+	if (ctx->level > 1) {
+		parent = record_path(ctx, 1);
+		if (!parent || !bpf_map_lookup_elem(&shared_paths, parent))
+			return 0;
+	}
+	emit(FGPU_EV_CGROUP_NEW, 0, 0, 0, ctx->id, 0, 0, FGPU_DEVICE_CURRENT, ctx->level, 0);
+	return 0;
+}
+
+/*
+ * A cgroup was removed: forget it if it was a shared parent; prune its records now if its processes hold nothing (the usual case:
  * a cgroup with live processes cannot be removed, and their exits released their bytes),
  * else mark it so that the credit of its last byte prunes it (a process that moved out
  * holding memory). Either way user space is told (FGPU_EV_CGROUP_GONE).
  */
 SEC("tracepoint/cgroup/cgroup_rmdir")
-int fgpu_cgroup_rmdir(struct cgroup_rmdir_args *ctx)
+int fgpu_cgroup_rmdir(struct cgroup_dir_args *ctx)
 {
 	__u64 id = ctx->id, held = 0;
 	struct fgpu_cg_tree *tree;
 
 	if (ctx->root != 0)
 		return 0; /* a v1 hierarchy: not what the probes charge */
+	if (bpf_map_delete_elem(&shared, &id) == 0) {
+		struct fgpu_shared_path *path = record_path(ctx, 0);
+
+		if (path)
+			bpf_map_delete_elem(&shared_paths, path);
+	}
 	tree = bpf_map_lookup_elem(&cg_tree, &id);
 	if (tree)
 		__sync_fetch_and_add(&tree->gone, 1); /* marked before looking: see prune() */

@@ -24,6 +24,13 @@
  * forget what it cached about the cgroup without walking the hierarchy.
  */
 #define FGPU_EV_CGROUP_GONE 7
+/*
+ * A cgroup v2 directory (cgroup_id) was made directly under the root or under a cgroup the
+ * agent marked as one of the node's shared parents (`shared`); result: its level. Only
+ * there: a tenant cannot make cgroups in those places, so these records come at the pace of
+ * the node, never of a tenant. The agent marks the new cgroup if it is a shared parent too.
+ */
+#define FGPU_EV_CGROUP_NEW 8
 
 /* `result` of OVER_LIMIT and OVER_BOUND records: what the kernel did. */
 #define FGPU_ACT_REPORTED 0 /* report only (--on-exceed deny) */
@@ -143,16 +150,28 @@ struct fgpu_limit {
  */
 struct fgpu_cg_tree {
 	__u64 anc[FGPU_MAX_LEVELS];
-	__u64 counted; /* the tenant key whose `cgroups` counts this entry (0: the shared pool) */
-	__u64 gone;    /* non-zero once the cgroup was removed while its processes held bytes */
+	__u64 counted;    /* the tenant whose `cgroups` counts this entry */
+	__u64 gone;       /* non-zero once the cgroup was removed while its processes held bytes */
+	__u64 structural; /* the cgroup's structural tenant (below) */
+	__u32 below;      /* anc[below] is the structural tenant (FGPU_MAX_LEVELS: out of reach) */
+	__u32 weight;     /* what this entry counts in its tenant's `cgroups` (below) */
 };
 
 /*
- * Value of `tenants` (key: the tenant's cgroup id). An allocation's tenant is the topmost
- * limited cgroup among its charged ancestors, else the allocating cgroup itself. Live
- * entries of shared tracking maps are bounded per tenant, so that no tenant can fill them
- * and blind attribution for others; past a bound the allocation is not tracked and the
- * tenant's policy applies (OVER_BOUND record, FGPU_CTR_OVER_BOUND).
+ * Every cgroup belongs to a tenant, which no tenant can multiply by making cgroups:
+ * - its structural tenant: walking down from the root, the first cgroup the agent has not
+ *   marked as one of the node's shared parents (`shared`: systemd slices, kubepods and its
+ *   QoS classes, docker, libpod_parent, machine, fgpu; never a pod or a container cgroup),
+ *   or the cgroup itself when every cgroup on its way is shared. Everything a tenant can
+ *   create lies below it;
+ * - unless a limited cgroup lies on the way at or below the structural tenant, within reach
+ *   (anc[]): then the topmost such one. A limited shared parent is no tenant (its limit still
+ *   applies to the subtree total).
+ *
+ * Value of `tenants` (key: the tenant's cgroup id): live entries of the shared tracking maps
+ * are bounded per tenant, so that no tenant can fill them and blind attribution for others;
+ * past a bound the allocation is not tracked and the tenant's policy applies (OVER_BOUND
+ * record, FGPU_CTR_OVER_BOUND).
  */
 struct fgpu_tenant {
 	__s64 allocs;     /* live entries in `allocs` */
@@ -163,13 +182,32 @@ struct fgpu_tenant {
 #define FGPU_TENANT_MAX_ALLOCS 16384
 #define FGPU_TENANT_MAX_PROCS 1024
 /*
- * Cgroups tracked (entries of `cg_tree`, and with them of `cg_usage` and `tree_usage`) per
- * limited tenant, counted in its `tenants` entry; cgroups with no limited ancestor share the
- * pool counted in the `tenants` entry of key 0. A cgroup removed is pruned from every map
- * (tracepoint cgroup/cgroup_rmdir), so these bound what is alive, not what was ever seen.
+ * Cgroups tracked per tenant: entries of `cg_tree`, and with them of `cg_usage` and
+ * `tree_usage`. An allocating cgroup counts once for itself and once for each cgroup between
+ * it and its structural tenant within reach (anc[1 .. below - 1]: each gets subtree totals
+ * too, without allocating), so a tenant's subtree totals are bounded however deep it nests.
+ * A cgroup removed is pruned from every map (tracepoint cgroup/cgroup_rmdir), so this bounds
+ * what is alive, not what was ever seen.
  */
 #define FGPU_TENANT_MAX_CGROUPS 1024
-#define FGPU_POOL_MAX_CGROUPS 32768
+/*
+ * Tenants the shared tracking maps hold at their bounds at once: each map's capacity is
+ * this many times the per-tenant bound on its entries, so that a map is full only when that
+ * many tenants are at their bounds (a full map kills nobody: FGPU_CTR_MAP_FULL).
+ */
+#define FGPU_TENANTS_AT_BOUND 16
+
+/*
+ * Shared parents the agent may mark (`shared`, `shared_paths`). Paths of marked cgroups are
+ * kept up to FGPU_SHARED_PATH_MAX - 1 bytes; a cgroup with a longer path is never marked.
+ */
+#define FGPU_MAX_SHARED 4096
+#define FGPU_SHARED_PATH_MAX 256
+
+/* Key of `shared_paths`: a shared parent's path from the v2 root ("/a/b"), zero-padded. */
+struct fgpu_shared_path {
+	char path[FGPU_SHARED_PATH_MAX];
+};
 
 /* Indexes into the `counters` array map. */
 #define FGPU_CTR_RINGBUF_DROPS 0 /* events that did not fit in the ring buffer */
