@@ -551,7 +551,7 @@ fn privileged_a_tenants_look_alike_of_another_pod_is_reported_as_the_tenant() {
         .filter(|r| r["memory_limit_bytes"] == 2u64 << 30)
         .map(|r| r["cgroup"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(limited, [victim.path.clone()]);
+    assert_eq!(limited, std::slice::from_ref(&victim.path));
 
     // `fgpu status --json`: each row names its own pod and container.
     let rows = agent.status();
