@@ -154,14 +154,8 @@ mod tests {
     fn escaping_writer_escapes_whatever_is_written_through_it() {
         use std::fmt::Write as _;
         let mut s = String::new();
-        write!(
-            Escaping(&mut s),
-            "{:?} {} {}",
-            "a\u{202e}b",
-            "\r\u{2067}",
-            "\\"
-        )
-        .unwrap();
+        let (debugged, shown, backslash) = ("a\u{202e}b", "\r\u{2067}", "\\");
+        write!(Escaping(&mut s), "{debugged:?} {shown} {backslash}").unwrap();
         assert_eq!(s, "\"a\\u{202e}b\" \\x0d\\u{2067} \\");
         assert_eq!(format!("{}", Inert("\x1b")), "\\x1b");
     }
