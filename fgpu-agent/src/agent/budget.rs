@@ -218,7 +218,13 @@ pub fn plan(
     }
     let above: Vec<Vec<usize>> = ledgers
         .iter()
-        .map(|l| limited_paths.along(&l.cgroup).into_iter().copied().collect())
+        .map(|l| {
+            limited_paths
+                .along(&l.cgroup)
+                .into_iter()
+                .copied()
+                .collect()
+        })
         .collect();
     let mut under: HashMap<(usize, u32), u128> = HashMap::new();
     for (x, ps) in above.iter().enumerate() {
@@ -301,7 +307,25 @@ fn bypass_bytes(state: &State, ledgers: &[Arc<CgroupLedger>]) -> Vec<(u64, HashM
 /// taken back by [`super::reclaim`], a bounded stretch per pass. Passes run one at a time.
 pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
     let _one_at_a_time = state.budget_pass();
-    let ledgers = state.ledgers().all();
+    let mut ledgers = state.ledgers().all();
+    // Per-GPU compute settings follow the device records shims bound since the last change.
+    for l in &ledgers {
+        l.refresh_compute_per_gpu();
+    }
+    // A ledger with nothing to plan (no memory limit at or above it, nothing the kernel
+    // sees in its subtree, nothing its shims reserved) has figures of 0 and no limit, and
+    // counts for no other ledger: they are written once, when it becomes so, and the passes
+    // after that leave it out, so that ledgers nobody uses cost next to nothing.
+    let held: std::collections::HashSet<u64> = tree
+        .iter()
+        .filter(|(_, b)| **b > 0)
+        .map(|((id, _), _)| *id)
+        .collect();
+    ledgers.retain(|l| {
+        let idle = !held.contains(&l.cgroup_id) && l.nothing_to_plan();
+        let was_idle = l.set_quiet(idle);
+        !(idle && was_idle)
+    });
     if ledgers.is_empty() {
         return;
     }
@@ -360,12 +384,6 @@ pub fn refresh(state: &State, tree: &HashMap<(u64, u32), u64>) {
             .collect();
         (limited, ledgers.iter().map(|l| l.effective()).collect())
     };
-    // Per-GPU compute settings follow the device records shims bound since the last change.
-    for (l, e) in ledgers.iter().zip(&effective) {
-        if !e.compute_gpus.is_empty() || !e.compute_cap_gpus.is_empty() {
-            l.refresh_compute(e);
-        }
-    }
     let devices: Vec<u32> = uuids.keys().copied().collect();
     let plans = plan(&views, &limited, tree, &devices);
     let fallbacks = effective.iter().map(|e| e.memory_bytes);
@@ -585,7 +603,10 @@ mod tests {
         // Each sibling may have 8 GiB less what the 999 others use.
         assert_eq!(plans[0].limit[&0], 8 * GIB - 999 * (GIB / 1024));
         assert_eq!(plans[1500].limit[&0], 8 * GIB - 1000 * (GIB / 1024));
-        assert!(took < std::time::Duration::from_secs(1), "planning took {took:?}");
+        assert!(
+            took < std::time::Duration::from_secs(1),
+            "planning took {took:?}"
+        );
     }
 
     #[test]

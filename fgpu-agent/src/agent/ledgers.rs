@@ -44,6 +44,9 @@ pub struct CgroupLedger {
     /// The effective limit last applied ([`Self::apply`]): the budget pass reads it here
     /// instead of walking the cgroup's ancestors again on every pass.
     effective: Mutex<Limit>,
+    /// Whether the last budget pass found nothing to plan for it (and wrote its figures of
+    /// a ledger at rest): the passes leave it out while it stays so.
+    quiet: std::sync::atomic::AtomicBool,
     limits_fd: OwnedFd,
     usage_fd: OwnedFd,
     map: fgpu_ledger::Mapping,
@@ -76,6 +79,7 @@ impl CgroupLedger {
             cgroup_id,
             tenant: tenant.to_string(),
             effective: Mutex::new(Limit::default()),
+            quiet: std::sync::atomic::AtomicBool::new(false),
             limits_fd,
             usage_fd,
             map,
@@ -122,6 +126,7 @@ impl CgroupLedger {
     /// the exact budgets).
     pub fn apply(&self, limit: &Limit) {
         limit.clone_into(&mut self.effective.lock().expect("effective limit lock"));
+        self.quiet.store(false, std::sync::atomic::Ordering::SeqCst);
         let l = &self.ledger().limits;
         let by_key: Vec<(u64, u64)> = limit
             .memory_gpus
@@ -266,6 +271,31 @@ impl CgroupLedger {
     /// The effective limit last applied.
     pub fn effective(&self) -> Limit {
         self.effective.lock().expect("effective limit lock").clone()
+    }
+
+    /// [`Self::refresh_compute`] with the effective limit, where it sets compute per GPU.
+    pub fn refresh_compute_per_gpu(&self) {
+        let e = self.effective.lock().expect("effective limit lock");
+        if !e.compute_gpus.is_empty() || !e.compute_cap_gpus.is_empty() {
+            self.refresh_compute(&e);
+        }
+    }
+
+    /// Whether the budget pass has nothing to plan for it as far as it knows itself: no
+    /// memory limit at or above it and nothing reserved by its shims (the pass checks the
+    /// kernel's figure).
+    pub fn nothing_to_plan(&self) -> bool {
+        !self
+            .effective
+            .lock()
+            .expect("effective limit lock")
+            .has_memory()
+            && (0..MAX_DEVICES).all(|d| self.ledger().used(d) == 0)
+    }
+
+    /// Records whether the last pass found nothing to plan for it; returns what it was.
+    pub fn set_quiet(&self, quiet: bool) -> bool {
+        self.quiet.swap(quiet, std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Takes back the bytes (and compute state) of dead processes' slots, at most `max`
@@ -418,7 +448,9 @@ impl Ledgers {
             .parkable_peers
             .store(peers, std::sync::atomic::Ordering::SeqCst);
         tracing::info!(cgroup, tenant, "ledger {source}");
-        inner.by_cgroup.insert(cgroup.to_string(), Arc::clone(&ledger));
+        inner
+            .by_cgroup
+            .insert(cgroup.to_string(), Arc::clone(&ledger));
         *inner.per_tenant.entry(tenant.to_string()).or_default() += 1;
         Ok(ledger)
     }

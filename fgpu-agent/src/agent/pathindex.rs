@@ -102,7 +102,11 @@ mod tests {
         }
         assert_eq!(idx.along("/pod/a/b/c/d"), vec![&4, &0, &1, &3]);
         assert_eq!(idx.along("/pod/a/b"), vec![&4, &0, &1]);
-        assert_eq!(idx.along("/pod2x"), vec![&4], "a sibling with a longer name");
+        assert_eq!(
+            idx.along("/pod2x"),
+            vec![&4],
+            "a sibling with a longer name"
+        );
         assert_eq!(idx.deepest("/pod/a/b"), Some(&1));
         assert_eq!(idx.deepest("/pod2/x"), Some(&2));
         assert_eq!(idx.deepest("/other"), Some(&4));

@@ -64,10 +64,10 @@ use super::devmap::OverOnGpu;
 use super::gpus::{Gpu, Gpus};
 use super::kernel::{KernelMaps, Snapshot};
 use super::ledgers::Ledgers;
-use super::reclaim::Reclaim;
 use super::limits::{LimitStore, LimitView, OnExceed};
 use super::park::ParkFigures;
 use super::peer::Access;
+use super::reclaim::Reclaim;
 use super::shims::Shims;
 use crate::api::Limit;
 
