@@ -325,6 +325,17 @@ print(json.dumps(out), flush=True)
 sys.stdin.read()
 "#;
 
+/// Held by the tests that measure the host's status round trip under an attack of many
+/// processes, so that two such attacks (each with an agent of its own) do not run at once on
+/// a small machine and time each other.
+static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn timed() -> std::sync::MutexGuard<'static, ()> {
+    TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A shim's Hello, as a new process in its own PID namespace says it; prints the reply.
 const HELLO: &str = r#"
 import json, socket, struct, sys, time
@@ -348,6 +359,7 @@ fn privileged_floods_leave_the_agent_answering_the_host_within_100ms_and_admitti
     if !privileged() {
         return;
     }
+    let _timed = timed();
     let agent = Agent::start();
     let state = SimState::new();
     let python = common::find_python();
@@ -524,6 +536,7 @@ fn privileged_running_out_of_descriptors_does_not_stop_the_agent() {
     if !privileged() {
         return;
     }
+    let _timed = timed();
     let agent = Agent::start();
     let pid = agent.pid();
     let (soft, hard) = nofile(pid);
@@ -756,6 +769,7 @@ fn privileged_a_tenants_many_cgroups_get_at_most_its_bound_of_ledgers_and_a_neig
     if !privileged() {
         return;
     }
+    let _timed = timed();
     let agent = Agent::start();
     let state = SimState::new();
     let tenant = Cgroup::new(&unique("fgpu-trust-ledgers"));
@@ -794,6 +808,7 @@ fn privileged_a_thousand_ledgers_with_every_slot_locked_leave_status_and_the_cdi
     if !privileged() {
         return;
     }
+    let _timed = timed();
     let agent = Agent::start_with(&["--max-ledgers-per-tenant", "1000"]);
     let state = SimState::new();
     let tenant = Cgroup::new(&unique("fgpu-trust-thousand"));
@@ -819,6 +834,7 @@ fn privileged_a_chain_of_nested_cgroups_left_by_a_killed_tenant_costs_the_agent_
     if !privileged() {
         return;
     }
+    let _timed = timed();
     let agent = Agent::start();
     let state = SimState::new();
     let tenant = Cgroup::new(&unique("fgpu-trust-chain"));

@@ -29,7 +29,9 @@ pub async fn run(state: Arc<State>) {
         n = n.wrapping_add(1);
         let sweep = n.is_multiple_of(per_reclaim);
         // Dead processes' shares first, so that the budgets below count them out.
-        state.reclaim().pass(&state, sweep);
+        state
+            .reclaim()
+            .pass(|| state.ledgers().all(), |ids| state.paths_of(ids), sweep);
         // Every device a ledger knows gets a figure, 0 when the kernel saw nothing, so a
         // stale figure can never keep refusing allocations.
         let tree = state.tree_by_gpu();

@@ -12,12 +12,11 @@
 //! and each pass looks at no more than [`SLOTS_PER_PASS`] slots, going on where it stopped at
 //! the next.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use super::ledgers::CgroupLedger;
 use super::pathindex::PathIndex;
-use super::state::State;
 
 /// Slots looked at per pass, queued and swept together (a lock attempt each, at most).
 pub const SLOTS_PER_PASS: usize = 4096;
@@ -57,23 +56,33 @@ impl Reclaim {
         }
     }
 
-    /// One pass: queues the ledgers where processes exited (and, with `sweep`, the next
-    /// ledgers in turn), then goes through at most [`SLOTS_PER_PASS`] slots of the queue.
-    /// Returns the bytes given back.
-    pub fn pass(&self, state: &State, sweep: bool) -> u64 {
+    /// One pass over `ledgers` (all of them): queues those where processes exited (their
+    /// cgroups named by `paths_of`) and, with `sweep`, the next ones in turn, then goes
+    /// through at most [`SLOTS_PER_PASS`] slots of the queue. Returns the bytes given back.
+    pub fn pass(
+        &self,
+        ledgers: impl FnOnce() -> Vec<Arc<CgroupLedger>>,
+        paths_of: impl FnOnce(Vec<u64>) -> HashMap<u64, String>,
+        sweep: bool,
+    ) -> u64 {
         let exited: Vec<u64> = {
             let mut inner = self.0.lock().expect("reclaim lock");
             inner.exited.drain().collect()
         };
         if !exited.is_empty() || sweep {
-            let ledgers = state.ledgers().all();
+            let ledgers = ledgers();
+            let paths = if exited.is_empty() {
+                HashMap::new()
+            } else {
+                paths_of(exited)
+            };
             let mut inner = self.0.lock().expect("reclaim lock");
-            if !exited.is_empty() {
+            if !paths.is_empty() {
                 let mut by_path = PathIndex::default();
                 for l in &ledgers {
                     by_path.insert(&l.cgroup, l);
                 }
-                for path in state.paths_of(exited).into_values() {
+                for path in paths.into_values() {
                     if let Some(&l) = by_path.deepest(&path) {
                         inner.enqueue(Arc::clone(l));
                     }
