@@ -4,8 +4,9 @@
 //! Proving a slot's owner dead costs a lock attempt on it, and a tenant can hold every slot
 //! of every ledger it has. So slots are gone through only where an owner may have died:
 //! - a ledger whose domain saw a process holding GPU memory exit (the kernel's exit
-//!   records, [`Reclaim::exited_in`]) is queued at the next pass: a sibling's budget does
-//!   not wait for the sweep;
+//!   records, [`Reclaim::exited_in`]), or one of whose shims exited (the pidfd taken at its
+//!   Hello, [`Reclaim::shim_died_in`]), is queued at the next pass: a sibling's budget, or
+//!   a neighbour's turn, does not wait for the sweep;
 //! - every ledger comes up in turn in a sweep, once a second, for the dead that the kernel
 //!   did not see hold memory (a slot with compute state only);
 //!
@@ -31,6 +32,8 @@ pub struct Reclaim(Mutex<Inner>);
 struct Inner {
     /// Cgroups where a process holding GPU memory exited since the last pass.
     exited: HashSet<u64>,
+    /// Ledgers (their cgroups) one of whose shims exited since the last pass.
+    shim_died: HashSet<String>,
     /// Ledgers being gone through, and the slot each goes on from.
     queue: VecDeque<(Arc<CgroupLedger>, usize)>,
     /// The cgroups of the ledgers in `queue`.
@@ -56,6 +59,14 @@ impl Reclaim {
         }
     }
 
+    /// A shim that got the ledger of cgroup `ledger` exited.
+    pub fn shim_died_in(&self, ledger: String) {
+        let mut inner = self.0.lock().expect("reclaim lock");
+        if inner.shim_died.len() < MAX_EXITED {
+            inner.shim_died.insert(ledger);
+        }
+    }
+
     /// One pass over `ledgers` (all of them): queues those where processes exited (their
     /// cgroups named by `paths_of`) and, with `sweep`, the next ones in turn, then goes
     /// through at most [`SLOTS_PER_PASS`] slots of the queue. Returns the bytes given back.
@@ -65,11 +76,14 @@ impl Reclaim {
         paths_of: impl FnOnce(Vec<u64>) -> HashMap<u64, String>,
         sweep: bool,
     ) -> u64 {
-        let exited: Vec<u64> = {
+        let (exited, shim_died): (Vec<u64>, Vec<String>) = {
             let mut inner = self.0.lock().expect("reclaim lock");
-            inner.exited.drain().collect()
+            (
+                inner.exited.drain().collect(),
+                inner.shim_died.drain().collect(),
+            )
         };
-        if !exited.is_empty() || sweep {
+        if !exited.is_empty() || !shim_died.is_empty() || sweep {
             let ledgers = ledgers();
             let paths = if exited.is_empty() {
                 HashMap::new()
@@ -77,13 +91,20 @@ impl Reclaim {
                 paths_of(exited)
             };
             let mut inner = self.0.lock().expect("reclaim lock");
-            if !paths.is_empty() {
+            if !paths.is_empty() || !shim_died.is_empty() {
                 let mut by_path = PathIndex::default();
                 for l in &ledgers {
                     by_path.insert(&l.cgroup, l);
                 }
-                for path in paths.into_values() {
-                    if let Some(&l) = by_path.deepest(&path) {
+                for path in paths.values() {
+                    if let Some(&l) = by_path.deepest(path) {
+                        inner.enqueue(Arc::clone(l));
+                    }
+                }
+                for ledger in &shim_died {
+                    if let Some(&l) = by_path.deepest(ledger)
+                        && &l.cgroup == ledger
+                    {
                         inner.enqueue(Arc::clone(l));
                     }
                 }
