@@ -2,7 +2,9 @@
 //! namespace, with its own /proc) cannot change, remove or read limits through any socket it
 //! can reach, while the host admin can, and is named in the agent's log; floods of
 //! connections, oversized frames, descriptors and slow peers leave the agent answering the
-//! host's `fgpu status` within 100 ms and admitting new shims.
+//! host's `fgpu status` within 100 ms and admitting new shims; a tenant making a ledger per
+//! cgroup gets at most its bound of them, and neither a thousand ledgers with every slot
+//! locked nor a chain of nested cgroups left behind slows the host's status or the CDI hook.
 
 mod common;
 
@@ -323,6 +325,17 @@ print(json.dumps(out), flush=True)
 sys.stdin.read()
 "#;
 
+/// Held by the tests that measure the host's status round trip under an attack of many
+/// processes, so that two such attacks (each with an agent of its own) do not run at once on
+/// a small machine and time each other.
+static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn timed() -> std::sync::MutexGuard<'static, ()> {
+    TIMED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A shim's Hello, as a new process in its own PID namespace says it; prints the reply.
 const HELLO: &str = r#"
 import json, socket, struct, sys, time
@@ -346,6 +359,7 @@ fn privileged_floods_leave_the_agent_answering_the_host_within_100ms_and_admitti
     if !privileged() {
         return;
     }
+    let _timed = timed();
     let agent = Agent::start();
     let state = SimState::new();
     let python = common::find_python();
@@ -522,6 +536,7 @@ fn privileged_running_out_of_descriptors_does_not_stop_the_agent() {
     if !privileged() {
         return;
     }
+    let _timed = timed();
     let agent = Agent::start();
     let pid = agent.pid();
     let (soft, hard) = nofile(pid);
@@ -575,4 +590,282 @@ fn privileged_running_out_of_descriptors_does_not_stop_the_agent() {
     assert_eq!(hello["kind"], 0x8010, "{hello}");
     assert_eq!(hello["cgroup"], cg.path.as_str(), "{hello}");
     shim.finish();
+}
+
+/// A tenant with no limit makes child cgroups (`flat`: DIR/c0, DIR/c1, ...; `chain`:
+/// DIR/n, DIR/n/n, ...), moves itself into each and says Hello from it; with each ledger it
+/// gets, it holds every slot lock through its own description of the usage memfd, raises the
+/// high-water mark to every slot and marks slots used: every slot in its first FULL ledgers
+/// (a ledger's slots are 1.1 MB of memory), the first 16 in the others. Prints
+/// `{"made", "refusals", "secs"}` once done (or after 90 s), then holds everything.
+const LEDGERS: &str = r#"
+import fcntl, json, mmap, os, resource, socket, struct, sys, time
+path, top, mode, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+hwm_off, slots_off, slot_size, used_off, lock_base, max_slots, full = map(int, sys.argv[5:12])
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+F_OFD_SETLK = 37
+def enter(d):
+    with open(os.path.join(d, "cgroup.procs"), "w") as f:
+        f.write("0")
+def hello():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendall(b"FGPU" + struct.pack("<HHI", 1, 16, 8) + struct.pack("<II", 1, 0))
+    s.settimeout(30)
+    msg, fds, _, _ = socket.recv_fds(s, 65536, 4)
+    s.close()
+    kind, length = struct.unpack_from("<HI", msg, 6)
+    text = (msg[20:12 + length] if kind == 0x8010 else msg[12:12 + length]).decode(errors="replace")
+    return kind, text, fds
+held, refusals, made = [], set(), 0
+start, d = time.monotonic(), top
+for i in range(n):
+    if time.monotonic() - start > 90:
+        break
+    d = os.path.join(top, "c%d" % i) if mode == "flat" else os.path.join(d, "n")
+    os.mkdir(d)
+    enter(d)
+    kind, text, fds = hello()
+    if kind != 0x8010:
+        refusals.add(text)
+        continue
+    made += 1
+    own = os.open("/proc/self/fd/%d" % fds[1], os.O_RDWR)
+    for fd in fds:
+        os.close(fd)
+    fcntl.fcntl(own, F_OFD_SETLK, struct.pack("hhxxxxqqi4x", fcntl.F_WRLCK, 0, lock_base, max_slots, 0))
+    m = mmap.mmap(own, 0)
+    struct.pack_into("<I", m, hwm_off, max_slots)
+    for s in range(max_slots if made <= full else 16):
+        struct.pack_into("<Q", m, slots_off + s * slot_size + used_off, 4096)
+    m.close()
+    held.append(own)
+enter(top)
+print(json.dumps({"made": made, "refusals": sorted(refusals), "secs": time.monotonic() - start}), flush=True)
+sys.stdin.read()
+"#;
+
+/// Starts [`LEDGERS`] in `tenant`: `n` cgroups made the `mode` way, every slot of the first
+/// `full` ledgers marked used.
+fn ledger_attack(
+    agent: &Agent,
+    state: &SimState,
+    tenant: &Cgroup,
+    mode: &str,
+    n: usize,
+    full: usize,
+) -> Load {
+    use fgpu_common::ledger::{LOCK_BASE, Ledger, MAX_SLOTS, PAGE, Slot, Usage};
+    let hwm = std::mem::offset_of!(Ledger, usage) - PAGE + std::mem::offset_of!(Usage, slots_hwm);
+    let slots = std::mem::offset_of!(Ledger, slots) - PAGE;
+    let args: Vec<String> = [
+        agent.socket.to_str().unwrap().to_string(),
+        tenant.dir.to_str().unwrap().to_string(),
+        mode.to_string(),
+        n.to_string(),
+        hwm.to_string(),
+        slots.to_string(),
+        std::mem::size_of::<Slot>().to_string(),
+        std::mem::offset_of!(Slot, used).to_string(),
+        LOCK_BASE.to_string(),
+        MAX_SLOTS.to_string(),
+        full.to_string(),
+    ]
+    .into();
+    let mut all = vec!["-c", LEDGERS];
+    all.extend(args.iter().map(String::as_str));
+    Load::spawn_program(tenant, &state.0, &common::find_python(), &all)
+}
+
+/// The CDI hook as a runtime runs it for a new container in `cg` asking for 1 GiB: (whether
+/// it let the container start, its stderr, milliseconds).
+fn cdi_hook(agent: &Agent, cg: &Cgroup) -> (bool, String, f64) {
+    use std::io::Write;
+    let mut cmd = Command::new("sleep");
+    cmd.arg("30");
+    cg.enter_on_exec(&mut cmd);
+    let mut container = cmd.spawn().unwrap();
+    let bundle = std::env::temp_dir().join(unique("fgpu-trust-bundle"));
+    std::fs::create_dir_all(&bundle).unwrap();
+    std::fs::write(
+        bundle.join("config.json"),
+        r#"{"ociVersion":"1.0.2","process":{"env":["PATH=/bin","FGPU_MEMORY_LIMIT=1GiB"]}}"#,
+    )
+    .unwrap();
+    let oci_state = format!(
+        r#"{{"ociVersion":"1.0.2","id":"0123456789abcdef","status":"creating","pid":{},"bundle":"{}"}}"#,
+        container.id(),
+        bundle.display()
+    );
+    let start = Instant::now();
+    let mut hook = Command::new(env!("CARGO_BIN_EXE_fgpu"))
+        .args(["cdi", "hook", "--admin-socket"])
+        .arg(&agent.admin)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    hook.stdin
+        .take()
+        .unwrap()
+        .write_all(oci_state.as_bytes())
+        .unwrap();
+    let out = hook.wait_with_output().unwrap();
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let _ = container.kill();
+    let _ = container.wait();
+    let _ = std::fs::remove_dir_all(&bundle);
+    (out.status.success(), stderr(&out), ms)
+}
+
+/// Removes the cgroups below `dir`, the deepest first (after killing what runs there);
+/// `dir` itself is left to its [`Cgroup`]'s drop.
+fn remove_tree(dir: &std::path::Path) {
+    let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+    let mut dirs = vec![dir.to_path_buf()];
+    let mut i = 0;
+    while i < dirs.len() {
+        if let Ok(entries) = std::fs::read_dir(&dirs[i]) {
+            dirs.extend(
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path()),
+            );
+        }
+        i += 1;
+    }
+    for d in dirs.iter().skip(1).rev() {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::remove_dir(d).is_err() && d.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// The agent's CPU time so far (user + system), seconds.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// Host status round trips for `secs` seconds, 10 a second: the slowest, ms.
+fn slowest_status(agent: &Agent, secs: f64) -> f64 {
+    let until = Instant::now() + Duration::from_secs_f64(secs);
+    let mut most: f64 = 0.0;
+    while Instant::now() < until {
+        most = most.max(status_round_trip(&agent.admin).0);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    most
+}
+
+#[test]
+fn privileged_a_tenants_many_cgroups_get_at_most_its_bound_of_ledgers_and_a_neighbour_still_gets_one()
+ {
+    if !privileged() {
+        return;
+    }
+    let _timed = timed();
+    let agent = Agent::start();
+    let state = SimState::new();
+    let tenant = Cgroup::new(&unique("fgpu-trust-ledgers"));
+    let mut attack = ledger_attack(&agent, &state, &tenant, "flat", 80, 80);
+    let seen: serde_json::Value = serde_json::from_str(&attack.expect_line("{")).unwrap();
+    let newcomer = Cgroup::new(&unique("fgpu-trust-neighbour"));
+    let python = common::find_python();
+    let sock = agent.socket.to_str().unwrap();
+    let mut shim = Load::spawn_program(&newcomer, &state.0, &python, &["-c", HELLO, sock]);
+    let hello: serde_json::Value = serde_json::from_str(&shim.expect_line("{")).unwrap();
+    let rtt = slowest_status(&agent, 2.0);
+    eprintln!(
+        "80 cgroups of one tenant, each saying Hello with every slot locked: {seen}; a \
+         neighbour's Hello {hello}; host status at most {rtt:.1} ms"
+    );
+    assert_eq!(seen["made"], 64, "{seen}");
+    assert_eq!(
+        seen["refusals"],
+        serde_json::json!([format!(
+            "too many ledgers for {}: at most 64 at once per tenant (one per cgroup whose \
+             processes say Hello; see fgpu agent --max-ledgers-per-tenant)",
+            tenant.path
+        )]),
+        "{seen}"
+    );
+    assert_eq!(hello["kind"], 0x8010, "the neighbour was refused: {hello}");
+    assert_eq!(hello["cgroup"], newcomer.path.as_str(), "{hello}");
+    assert!(rtt < 100.0, "a status round trip took {rtt:.1} ms");
+    shim.finish();
+    attack.kill();
+    remove_tree(&tenant.dir);
+}
+
+#[test]
+fn privileged_a_thousand_ledgers_with_every_slot_locked_leave_status_and_the_cdi_hook_in_time() {
+    if !privileged() {
+        return;
+    }
+    let _timed = timed();
+    let agent = Agent::start_with(&["--max-ledgers-per-tenant", "1000"]);
+    let state = SimState::new();
+    let tenant = Cgroup::new(&unique("fgpu-trust-thousand"));
+    let mut attack = ledger_attack(&agent, &state, &tenant, "flat", 1000, 100);
+    let seen: serde_json::Value = serde_json::from_str(&attack.expect_line("{")).unwrap();
+    let rtt = slowest_status(&agent, 3.0);
+    let container = Cgroup::new(&unique("fgpu-trust-newcontainer"));
+    let (started, err, hook_ms) = cdi_hook(&agent, &container);
+    eprintln!(
+        "1000 ledgers of one tenant, every slot locked: {seen}; host status at most {rtt:.1} \
+         ms; the CDI hook took {hook_ms:.0} ms"
+    );
+    assert_eq!(seen["made"], 1000, "{seen}");
+    assert!(rtt < 100.0, "a status round trip took {rtt:.1} ms");
+    assert!(started, "the CDI hook refused a new container: {err}");
+    assert!(hook_ms < 1000.0, "the CDI hook took {hook_ms:.0} ms");
+    attack.kill();
+    remove_tree(&tenant.dir);
+}
+
+#[test]
+fn privileged_a_chain_of_nested_cgroups_left_by_a_killed_tenant_costs_the_agent_nothing() {
+    if !privileged() {
+        return;
+    }
+    let _timed = timed();
+    let agent = Agent::start();
+    let state = SimState::new();
+    let tenant = Cgroup::new(&unique("fgpu-trust-chain"));
+    let mut attack = ledger_attack(&agent, &state, &tenant, "chain", 844, 64);
+    let seen: serde_json::Value = serde_json::from_str(&attack.expect_line("{")).unwrap();
+    attack.kill();
+    // No attacker process is left; the 844 nested cgroups are.
+    std::thread::sleep(Duration::from_millis(1500));
+    let cpu_before = cpu_secs(agent.pid());
+    let rtt = slowest_status(&agent, 3.0);
+    let cpu = cpu_secs(agent.pid()) - cpu_before;
+    let container = Cgroup::new(&unique("fgpu-trust-newcontainer"));
+    let (started, err, hook_ms) = cdi_hook(&agent, &container);
+    // The tenant's ledgers went with its processes: a new cgroup of it gets one.
+    let again = Cgroup::new(&format!("{}/again", tenant.path.trim_start_matches('/')));
+    let python = common::find_python();
+    let sock = agent.socket.to_str().unwrap();
+    let mut shim = Load::spawn_program(&again, &state.0, &python, &["-c", HELLO, sock]);
+    let hello: serde_json::Value = serde_json::from_str(&shim.expect_line("{")).unwrap();
+    eprintln!(
+        "a chain of 844 nested cgroups, a Hello from each: {seen}; once its processes were \
+         killed: host status at most {rtt:.1} ms, the agent used {cpu:.2} s of CPU in those \
+         3 s, the CDI hook took {hook_ms:.0} ms; the tenant's next Hello: {hello}"
+    );
+    assert_eq!(seen["made"], 64, "{seen}");
+    assert!(rtt < 100.0, "a status round trip took {rtt:.1} ms");
+    assert!(started, "the CDI hook refused a new container: {err}");
+    assert!(hook_ms < 1000.0, "the CDI hook took {hook_ms:.0} ms");
+    assert!(cpu < 0.3, "the idle agent used {cpu:.2} s of CPU in 3 s");
+    assert_eq!(hello["kind"], 0x8010, "the tenant was refused: {hello}");
+    shim.finish();
+    drop(again);
+    remove_tree(&tenant.dir);
 }

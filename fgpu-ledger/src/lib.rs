@@ -16,7 +16,9 @@ pub use memfd::{
     LIMITS_SEALS, USAGE_NAME, USAGE_SEALS, check_limits, check_usage, create_limits, create_usage,
     file_len, seal_limits, seals, usage_name, usage_tag, usage_tag_of,
 };
-pub use slots::{claim_slot, lock_slot, reclaim_dead, slot_free, unlock_slot};
+pub use slots::{
+    any_slot_locked, claim_slot, lock_slot, reclaim_dead, reclaim_dead_in, slot_free, unlock_slot,
+};
 
 /// Why a ledger descriptor or mapping cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -52,6 +52,22 @@ pub fn claim_slot(ledger: &Ledger, fd: RawFd, pid: u32) -> Option<(usize, u64)> 
         .map(|i| (i, ledger.claim(i, pid)))
 }
 
+/// Whether any description other than `fd`'s holds a slot lock: one `F_OFD_GETLK` over the
+/// whole slot range, whatever the number of slots or of locks. `fd` must be a description
+/// that holds no slot lock itself (the agent's).
+pub fn any_slot_locked(fd: RawFd) -> bool {
+    // SAFETY: flock is plain data; all-zero is valid.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as i16;
+    fl.l_whence = libc::SEEK_SET as i16;
+    fl.l_start = LOCK_BASE;
+    fl.l_len = MAX_SLOTS as i64;
+    // SAFETY: F_OFD_GETLK only reports a conflicting lock into `fl`.
+    let ok = unsafe { libc::fcntl(fd, libc::F_OFD_GETLK, &mut fl) == 0 };
+    // A failed query is taken as "locked": nothing is dropped on a guess.
+    !ok || fl.l_type != libc::F_UNLCK as i16
+}
+
 /// Takes back what every dead process left (slots below the high-water mark whose lock can
 /// be taken through `fd`, except `skip`): bytes and compute state. Calls `on_reclaim(slot,
 /// bytes)` for each slot that held bytes; returns the bytes given back.
@@ -59,10 +75,26 @@ pub fn reclaim_dead(
     ledger: &Ledger,
     fd: RawFd,
     skip: Option<usize>,
-    mut on_reclaim: impl FnMut(usize, u64),
+    on_reclaim: impl FnMut(usize, u64),
 ) -> u64 {
+    reclaim_dead_in(ledger, fd, skip, 0, MAX_SLOTS, on_reclaim).0
+}
+
+/// [`reclaim_dead`] over at most `max` slots from slot `from` on (a caller with many
+/// ledgers bounds its work per pass and comes back). Returns the bytes given back and the
+/// slot to go on from, `None` once the slots in range are done.
+pub fn reclaim_dead_in(
+    ledger: &Ledger,
+    fd: RawFd,
+    skip: Option<usize>,
+    from: usize,
+    max: usize,
+    mut on_reclaim: impl FnMut(usize, u64),
+) -> (u64, Option<usize>) {
     let mut total = 0u64;
-    for slot in 0..ledger.slots_in_range() {
+    let end = ledger.slots_in_range();
+    let stop = from.saturating_add(max).min(end);
+    for slot in from..stop {
         if Some(slot) == skip || !(ledger.slot_in_use(slot) || ledger.slot_compute_in_use(slot)) {
             continue;
         }
@@ -77,5 +109,5 @@ pub fn reclaim_dead(
             }
         }
     }
-    total
+    (total, (stop < end).then_some(stop))
 }

@@ -163,3 +163,34 @@ fn usage_memfds_are_tagged_with_their_cgroup() {
     assert_eq!(usage_tag("/memfd:fgpu-limits (deleted)"), None);
     assert_eq!(usage_tag("/dev/null"), None);
 }
+
+#[test]
+fn a_held_slot_lock_is_seen_in_one_query_and_reclaim_goes_a_bounded_stretch_at_a_time() {
+    let limits = create_limits().unwrap();
+    let usage = create_usage(8).unwrap();
+    let m = map_agent(limits.as_raw_fd(), usage.as_raw_fd()).unwrap();
+    let l = m.ledger();
+    l.init();
+    let path = format!("/proc/self/fd/{}", usage.as_raw_fd());
+    let open = || {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap()
+    };
+    let agent = open();
+    assert!(!any_slot_locked(agent.as_raw_fd()), "nobody holds a slot");
+    let shim = open();
+    let (s, _) = claim_slot(l, shim.as_raw_fd(), 900).unwrap();
+    assert!(any_slot_locked(agent.as_raw_fd()));
+    l.try_reserve(0, s, 64, u64::MAX).unwrap();
+    drop(shim);
+    assert!(!any_slot_locked(agent.as_raw_fd()), "its lock went with it");
+    // Slot 900 is past the first stretch of 512: nothing back yet, and where to go on.
+    let (back, next) = reclaim_dead_in(l, agent.as_raw_fd(), None, 0, 512, |_, _| {});
+    assert_eq!((back, next), (0, Some(512)));
+    let (back, next) = reclaim_dead_in(l, agent.as_raw_fd(), None, 512, 512, |_, _| {});
+    assert_eq!((back, next), (64, None));
+    assert_eq!(l.used(0), 0);
+}

@@ -112,6 +112,7 @@ pub const AGENT: Crate = Crate {
             "kernel",
             "logging",
             "ownpod",
+            "pathindex",
             "pins",
             "preflight",
             "request",
@@ -124,11 +125,13 @@ pub const AGENT: Crate = Crate {
         &["adopt", "backstop", "devmap", "peer", "shims", "watcher"],
         // The ledgers and the compute controller that schedules them.
         &["compute", "ledgers"],
-        // Parking's broker (over the ledgers).
-        &["park"],
+        // Parking's broker and dead slots' reclaim (over the ledgers).
+        &["park", "reclaim"],
         // The shared state: every part, behind its methods.
         &["state"],
-        &["budget", "events", "tenant", "unseen"],
+        // Whose a caller is: the key of the connection caps and of the ledger bound.
+        &["tenant"],
+        &["budget", "events", "unseen"],
         &["enforce", "publisher", "report"],
         // The one place that reacts to a limit change; the metrics listener.
         &["apply", "metrics"],

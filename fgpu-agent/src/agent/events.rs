@@ -86,6 +86,8 @@ fn record(state: &State, out: &Outlets, e: &Event) {
             return;
         }
         Some(EventKind::Exit) => {
+            // Its slot in a ledger is taken back at the next budget pass.
+            state.reclaim().exited_in(e.cgroup_id);
             if e.size > 0 {
                 tracing::info!(
                     pid = e.tgid,

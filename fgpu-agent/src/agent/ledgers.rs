@@ -4,6 +4,12 @@
 //! the agent writes and seals with `F_SEAL_FUTURE_WRITE` before handing it out (so shims can
 //! map it read-only and nothing else), and the `Usage` page plus process slots, shared
 //! read-write. See `fgpu_common::proto::shim` for the hand-over.
+//!
+//! A tenant ([`super::tenant`]) that may make sub-cgroups could make a ledger per cgroup, so
+//! each tenant holds at most `--max-ledgers-per-tenant` at once: past it a Hello from yet
+//! another of its cgroups is refused ([`Ledgers::get_or_create`]), which costs nobody else
+//! anything. Ledgers nobody uses any more (their cgroup gone, or empty with no slot held)
+//! are dropped ([`Ledgers::drop_unused`]), which gives the tenant room again.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -11,7 +17,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use fgpu_common::ledger::compute::TURN_CLOSED;
 use fgpu_common::ledger::{Ledger, MAX_DEVICES, NO_LIMIT, uuid_key};
 
@@ -32,6 +38,15 @@ pub struct CgroupLedger {
     pub cgroup: String,
     /// The cgroup's id (inode of its directory), to match kernel totals.
     pub cgroup_id: u64,
+    /// The tenant whose ledger bound it counts against ([`super::tenant::tenant_of`] of
+    /// its cgroup when it was made).
+    pub tenant: String,
+    /// The effective limit last applied ([`Self::apply`]): the budget pass reads it here
+    /// instead of walking the cgroup's ancestors again on every pass.
+    effective: Mutex<Limit>,
+    /// Whether the last budget pass found nothing to plan for it (and wrote its figures of
+    /// a ledger at rest): the passes leave it out while it stays so.
+    quiet: std::sync::atomic::AtomicBool,
     limits_fd: OwnedFd,
     usage_fd: OwnedFd,
     map: fgpu_ledger::Mapping,
@@ -48,7 +63,7 @@ impl CgroupLedger {
     /// the agent was away — so that a restart loses no charge. An offered descriptor is
     /// adopted only if it is a sealed usage memfd of the right size (fgpu_ledger::check_usage):
     /// nothing a container hands over can be resized under the agent's mapping.
-    fn new(cgroup: &str, cgroup_id: u64, usage: Option<OwnedFd>) -> Result<Self> {
+    fn new(cgroup: &str, cgroup_id: u64, tenant: &str, usage: Option<OwnedFd>) -> Result<Self> {
         let limits_fd = fgpu_ledger::create_limits()?;
         let usage_fd = match usage {
             Some(fd) => {
@@ -62,6 +77,9 @@ impl CgroupLedger {
         let ledger = Self {
             cgroup: cgroup.to_string(),
             cgroup_id,
+            tenant: tenant.to_string(),
+            effective: Mutex::new(Limit::default()),
+            quiet: std::sync::atomic::AtomicBool::new(false),
             limits_fd,
             usage_fd,
             map,
@@ -107,6 +125,8 @@ impl CgroupLedger {
     /// allocations after binding are covered too ([`super::budget::refresh`] follows with
     /// the exact budgets).
     pub fn apply(&self, limit: &Limit) {
+        limit.clone_into(&mut self.effective.lock().expect("effective limit lock"));
+        self.quiet.store(false, std::sync::atomic::Ordering::SeqCst);
         let l = &self.ledger().limits;
         let by_key: Vec<(u64, u64)> = limit
             .memory_gpus
@@ -248,33 +268,137 @@ impl CgroupLedger {
         }
     }
 
-    /// Takes back the bytes (and compute state) of slots whose process died (no OFD lock on
-    /// the slot's byte), so a dead process's share returns even when no shim of the cgroup
-    /// runs any more.
-    pub fn reclaim_dead(&self) -> u64 {
-        fgpu_ledger::reclaim_dead(self.ledger(), self.usage_fd.as_raw_fd(), None, |_, _| {})
+    /// The effective limit last applied.
+    pub fn effective(&self) -> Limit {
+        self.effective.lock().expect("effective limit lock").clone()
+    }
+
+    /// [`Self::refresh_compute`] with the effective limit, where it sets compute per GPU.
+    pub fn refresh_compute_per_gpu(&self) {
+        let e = self.effective.lock().expect("effective limit lock");
+        if !e.compute_gpus.is_empty() || !e.compute_cap_gpus.is_empty() {
+            self.refresh_compute(&e);
+        }
+    }
+
+    /// Whether the budget pass has nothing to plan for it as far as it knows itself: no
+    /// memory limit at or above it and nothing reserved by its shims (the pass checks the
+    /// kernel's figure).
+    pub fn nothing_to_plan(&self) -> bool {
+        !self
+            .effective
+            .lock()
+            .expect("effective limit lock")
+            .has_memory()
+            && (0..MAX_DEVICES).all(|d| self.ledger().used(d) == 0)
+    }
+
+    /// Records whether the last pass found nothing to plan for it; returns what it was.
+    pub fn set_quiet(&self, quiet: bool) -> bool {
+        self.quiet.swap(quiet, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Takes back the bytes (and compute state) of dead processes' slots, at most `max`
+    /// slots from slot `from` on ([`fgpu_ledger::reclaim_dead_in`]): the bytes given back
+    /// and the slot to go on from (`None`: done).
+    pub fn reclaim_dead_in(&self, from: usize, max: usize) -> (u64, Option<usize>) {
+        fgpu_ledger::reclaim_dead_in(
+            self.ledger(),
+            self.usage_fd.as_raw_fd(),
+            None,
+            from,
+            max,
+            |_, _| {},
+        )
+    }
+
+    /// Whether nothing uses it any more: its cgroup is gone, or holds no process (in it or
+    /// below) while no process holds a slot of it. One read of `cgroup.events` and one
+    /// lock query, whatever the number of slots.
+    pub fn unused(&self, cgroup_dir: &Path) -> bool {
+        let Ok(events) = std::fs::read_to_string(cgroup_dir.join("cgroup.events")) else {
+            return !cgroup_dir.is_dir();
+        };
+        let populated = events.lines().any(|l| l.trim() == "populated 1");
+        !populated && !fgpu_ledger::any_slot_locked(self.usage_fd.as_raw_fd())
     }
 }
 
-/// All ledgers, by cgroup path.
-#[derive(Default)]
+/// The refusal of a Hello that would make a ledger past its tenant's bound.
+pub fn too_many(tenant: &str, max: usize) -> String {
+    format!(
+        "too many ledgers for {tenant}: at most {max} at once per tenant (one per cgroup whose \
+         processes say Hello; see fgpu agent --max-ledgers-per-tenant)"
+    )
+}
+
+/// All ledgers, by cgroup path, and how many each tenant holds.
 pub struct Ledgers {
-    by_cgroup: Mutex<HashMap<String, Arc<CgroupLedger>>>,
+    inner: Mutex<Inner>,
+    /// `--max-ledgers-per-tenant`.
+    max_per_tenant: usize,
+}
+
+#[derive(Default)]
+struct Inner {
+    by_cgroup: HashMap<String, Arc<CgroupLedger>>,
+    per_tenant: HashMap<String, usize>,
+}
+
+impl Inner {
+    fn full(&self, tenant: &str, max: usize) -> bool {
+        self.per_tenant.get(tenant).copied().unwrap_or(0) >= max
+    }
+
+    fn remove(&mut self, cgroup: &str) {
+        if let Some(l) = self.by_cgroup.remove(cgroup)
+            && let Some(n) = self.per_tenant.get_mut(&l.tenant)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.per_tenant.remove(&l.tenant);
+            }
+        }
+    }
+}
+
+/// Ledgers a tenant holds at once, unless `--max-ledgers-per-tenant` says otherwise.
+pub const DEFAULT_MAX_PER_TENANT: usize = 64;
+
+impl Default for Ledgers {
+    fn default() -> Self {
+        Ledgers::new(DEFAULT_MAX_PER_TENANT)
+    }
 }
 
 impl Ledgers {
+    pub fn new(max_per_tenant: usize) -> Self {
+        Ledgers {
+            inner: Mutex::new(Inner::default()),
+            max_per_tenant,
+        }
+    }
+
     /// The ledger of `cgroup`, created (or adopted from `usage`) on first use, with `limit`
-    /// applied when it is new.
+    /// applied when it is new; refused if `tenant` holds its bound of ledgers already.
+    /// The map is not locked while a new ledger is made (adopting a page may search the
+    /// cgroup's processes): a status report or the budget pass never waits on a Hello.
     pub fn get_or_create(
         &self,
         cgroup: &str,
+        tenant: &str,
         cgroup_dir: &Path,
         mut usage: Option<OwnedFd>,
         limit: &Limit,
     ) -> Result<Arc<CgroupLedger>> {
-        let mut map = self.by_cgroup.lock().expect("ledgers lock");
-        if let Some(l) = map.get(cgroup) {
-            return Ok(Arc::clone(l));
+        {
+            let inner = self.inner.lock().expect("ledgers lock");
+            if let Some(l) = inner.by_cgroup.get(cgroup) {
+                return Ok(Arc::clone(l));
+            }
+            if inner.full(tenant, self.max_per_tenant) {
+                bail!(too_many(tenant, self.max_per_tenant));
+            }
         }
         let cgroup_id = std::fs::metadata(cgroup_dir)
             .with_context(|| format!("cgroup {cgroup} is gone"))?
@@ -301,11 +425,20 @@ impl Ledgers {
             }
             (None, None) => "created",
         };
-        let ledger = Arc::new(CgroupLedger::new(cgroup, cgroup_id, usage)?);
+        let ledger = Arc::new(CgroupLedger::new(cgroup, cgroup_id, tenant, usage)?);
         ledger.apply(limit);
+        let mut inner = self.inner.lock().expect("ledgers lock");
+        // Another Hello of the cgroup may have made one meanwhile: that one is the ledger.
+        if let Some(l) = inner.by_cgroup.get(cgroup) {
+            return Ok(Arc::clone(l));
+        }
+        if inner.full(tenant, self.max_per_tenant) {
+            bail!(too_many(tenant, self.max_per_tenant));
+        }
         // How many others are parkable, from its first moment (the parking broker keeps it
         // current from then on): a shim asks for room only when someone could be parked.
-        let peers = map
+        let peers = inner
+            .by_cgroup
             .values()
             .filter(|l| l.ledger().park_after_ms().is_some())
             .count() as u64;
@@ -314,34 +447,56 @@ impl Ledgers {
             .park()
             .parkable_peers
             .store(peers, std::sync::atomic::Ordering::SeqCst);
-        tracing::info!(cgroup, "ledger {source}");
-        map.insert(cgroup.to_string(), Arc::clone(&ledger));
+        tracing::info!(cgroup, tenant, "ledger {source}");
+        inner
+            .by_cgroup
+            .insert(cgroup.to_string(), Arc::clone(&ledger));
+        *inner.per_tenant.entry(tenant.to_string()).or_default() += 1;
         Ok(ledger)
     }
 
     pub fn get(&self, cgroup: &str) -> Option<Arc<CgroupLedger>> {
-        self.by_cgroup
+        self.inner
             .lock()
             .expect("ledgers lock")
+            .by_cgroup
             .get(cgroup)
             .cloned()
     }
 
     pub fn all(&self) -> Vec<Arc<CgroupLedger>> {
-        self.by_cgroup
+        self.inner
             .lock()
             .expect("ledgers lock")
+            .by_cgroup
             .values()
             .cloned()
             .collect()
     }
 
-    /// Forgets ledgers whose cgroup no longer exists (shims still holding one keep it alive).
-    pub fn retain(&self, keep: impl Fn(&CgroupLedger) -> bool) {
-        self.by_cgroup
-            .lock()
-            .expect("ledgers lock")
-            .retain(|_, l| keep(l));
+    /// Drops the ledgers nobody uses any more ([`CgroupLedger::unused`]; shims still
+    /// holding one keep their mapping); returns how many. The checks run with the map
+    /// unlocked.
+    pub fn drop_unused(&self, dir_of: impl Fn(&str) -> std::path::PathBuf) -> usize {
+        let unused: Vec<Arc<CgroupLedger>> = self
+            .all()
+            .into_iter()
+            .filter(|l| l.unused(&dir_of(&l.cgroup)))
+            .collect();
+        let mut inner = self.inner.lock().expect("ledgers lock");
+        let mut dropped = 0;
+        for l in &unused {
+            // Only the ledger checked: one made again for the cgroup meanwhile stays.
+            if inner
+                .by_cgroup
+                .get(&l.cgroup)
+                .is_some_and(|now| Arc::ptr_eq(now, l))
+            {
+                inner.remove(&l.cgroup);
+                dropped += 1;
+            }
+        }
+        dropped
     }
 }
 
@@ -353,8 +508,39 @@ mod tests {
     use fgpu_common::ledger::PAGE;
 
     #[test]
+    fn a_tenant_at_its_bound_is_refused_and_gets_room_back_when_a_ledger_goes() {
+        let base = std::env::temp_dir().join(format!("fgpu-ledgers-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let dir = |c: &str| base.join(c.trim_start_matches('/'));
+        for c in ["/a/1", "/a/2", "/a/3", "/b/1"] {
+            std::fs::create_dir_all(dir(c)).unwrap();
+        }
+        let ledgers = Ledgers::new(2);
+        let make = |c: &str, tenant: &str| {
+            ledgers.get_or_create(c, tenant, &dir(c), None, &Limit::default())
+        };
+        make("/a/1", "/a").unwrap();
+        make("/a/2", "/a").unwrap();
+        make("/a/1", "/a").expect("an existing ledger is always handed out");
+        let Err(err) = make("/a/3", "/a") else {
+            panic!("a fourth ledger past the bound of 2 was made")
+        };
+        let err = err.to_string();
+        assert_eq!(err, too_many("/a", 2));
+        assert!(err.starts_with("too many ledgers for /a: at most 2 at once per tenant"));
+        make("/b/1", "/b").expect("another tenant is not refused");
+        // A ledger whose cgroup is gone is dropped (the temporary directories have no
+        // cgroup.events: only whether they exist counts here), and its tenant has room again.
+        std::fs::remove_dir(dir("/a/1")).unwrap();
+        assert_eq!(ledgers.drop_unused(|c| dir(c)), 1);
+        make("/a/3", "/a").unwrap();
+        assert_eq!(ledgers.all().len(), 3);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
     fn limits_page_is_sealed_against_new_writable_mappings() {
-        let l = CgroupLedger::new("/t", 1, None).unwrap();
+        let l = CgroupLedger::new("/t", 1, "/t", None).unwrap();
         l.apply(&Limit {
             memory_bytes: Some(1 << 30),
             ..Limit::default()

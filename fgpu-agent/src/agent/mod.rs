@@ -29,12 +29,14 @@ pub(crate) mod logging;
 pub(crate) mod metrics;
 mod ownpod;
 mod park;
+mod pathindex;
 mod peer;
 mod pidfd;
 mod pins;
 mod preflight;
 mod probes;
 mod publisher;
+mod reclaim;
 mod report;
 mod request;
 mod scm;
@@ -84,6 +86,15 @@ pub struct AgentArgs {
     #[arg(long, value_name = "N", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..))]
     max_connections_per_cgroup: u32,
+
+    /// Ledgers one tenant (as for --max-connections-per-cgroup) may hold at once: one per
+    /// cgroup whose processes say Hello. Past it a Hello from yet another of its cgroups is
+    /// refused with an error (the shim then follows FGPU_AGENT); ledgers nobody uses any
+    /// more are dropped. Raise it where one container or pod runs GPU work in many
+    /// cgroups of its own.
+    #[arg(long, value_name = "N", default_value_t = ledgers::DEFAULT_MAX_PER_TENANT as u32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_ledgers_per_tenant: u32,
 
     /// Where limits are kept across restarts.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/fgpu")]
@@ -271,6 +282,7 @@ pub fn run(args: AgentArgs) -> Result<()> {
         libraries,
         on_exceed: args.on_exceed,
         unseen_tolerance: args.unseen_tolerance,
+        max_ledgers_per_tenant: args.max_ledgers_per_tenant as usize,
     }));
     if let Some(m) = &metrics {
         m.set_state(&state);
@@ -291,6 +303,21 @@ pub fn run(args: AgentArgs) -> Result<()> {
             .name("fgpu-park".into())
             .spawn(move || park::run(state.ledgers(), state.park(), state.gpus(), budget))
             .context("starting the parking broker")?;
+    }
+
+    {
+        // The budget pass, dead slots' reclaim and unused ledgers' drop run on a thread of
+        // their own: however long a pass takes, the sockets and the kernel's events are
+        // served on theirs.
+        let state = Arc::clone(&state);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .context("starting the budget thread's runtime")?;
+        std::thread::Builder::new()
+            .name("fgpu-budget".into())
+            .spawn(move || runtime.block_on(publisher::run(state)))
+            .context("starting the budget thread")?;
     }
 
     // The kernel enforces from here on, also over maps a previous agent pinned.
@@ -321,7 +348,6 @@ pub fn run(args: AgentArgs) -> Result<()> {
             enforcer: notices,
         };
         let events_task = tokio::spawn(events::drain(ring, Arc::clone(&state), outlets));
-        let publisher_task = tokio::spawn(publisher::run(Arc::clone(&state)));
         let eventlog_task = tokio::spawn(metrics::eventlog::run(Arc::clone(&state)));
         if let Some(m) = &metrics {
             tokio::spawn(m.clone().beat());
@@ -351,7 +377,6 @@ pub fn run(args: AgentArgs) -> Result<()> {
             r = shutdown_signal() => r,
         };
         events_task.abort();
-        publisher_task.abort();
         eventlog_task.abort();
         enforce_task.abort();
         bound_task.abort();

@@ -5,8 +5,8 @@
 //! that identity and its pidfd, never by its PID again), admitted against the door's
 //! connection caps (per tenant, [`super::tenant`]), allowed one Hello, and bounded in frame
 //! size, descriptors and time ([`Limits`]). Control requests are
-//! answered on the blocking pool, a few at a time per door, so that they never hold up the
-//! kernel-event path that shares this thread.
+//! answered on the blocking pool, a few at a time per door, and so is finding (or making) a
+//! Hello's ledger, so that they never hold up the kernel-event path that shares this thread.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -296,7 +296,7 @@ impl Conn {
                 let fds = std::mem::take(&mut fds);
                 said_hello |= timeout(
                     limits.write_timeout,
-                    hello(&stream, &self.state, &caller, &frame, fds),
+                    hello(&stream, &self.state, &caller, frame, fds),
                 )
                 .await
                 .context("the shim did not take its ledger")??;
@@ -332,17 +332,20 @@ impl Conn {
 /// A shim introduces itself: hand over the ledger whose budget its cgroup is under. The
 /// cgroup is the one read at accept and confirmed through the caller's pidfd (the kernel's
 /// word, not the shim's), never read again by PID; a caller whose process has exited since
-/// is refused (its PID may name a process of another cgroup by now). Returns whether the
-/// shim got its ledger.
+/// is refused (its PID may name a process of another cgroup by now). The ledger is found
+/// (or made, which may adopt a page and plan its budget) on the blocking pool, never on the
+/// thread that serves the sockets and the kernel's events. Returns whether the shim got its
+/// ledger.
 async fn hello(
     stream: &UnixStream,
-    state: &State,
-    caller: &Caller,
-    frame: &Frame,
+    state: &Arc<State>,
+    caller: &Arc<Caller>,
+    frame: Frame,
     fds: Vec<OwnedFd>,
 ) -> Result<bool> {
     let peer = caller.peer;
-    let ledger = (|| -> Result<_> {
+    let (state, caller) = (Arc::clone(state), Arc::clone(caller));
+    let ledger = tokio::task::spawn_blocking(move || -> Result<_> {
         let hello = shim::HelloPayload::decode(&frame.payload).context("malformed Hello")?;
         if hello.version != shim::VERSION {
             bail!(
@@ -365,8 +368,10 @@ async fn hello(
             .then(|| fds.into_iter().next())
             .flatten();
         // The ledger of the nearest limited cgroup, or the process's own (budget.rs).
-        super::budget::ledger_of(state, (pid, pidfd), cgroup, usage)
-    })();
+        super::budget::ledger_of(&state, (pid, pidfd), cgroup, usage)
+    })
+    .await
+    .unwrap_or_else(|err| Err(anyhow::anyhow!("internal error: {err}")));
     match ledger {
         Ok(ledger) => {
             tracing::debug!(pid = peer.pid, cgroup = %ledger.cgroup, "shim connected");

@@ -19,34 +19,49 @@ pub struct Shims(Mutex<ShimPids>);
 
 #[derive(Debug, Default)]
 struct ShimPids {
-    /// Host PID -> the pidfd of the process that said Hello with it.
-    hello: HashMap<u32, Arc<OwnedFd>>,
+    /// Host PID -> the pidfd of the process that said Hello with it, and the cgroup of the
+    /// ledger it got.
+    hello: HashMap<u32, (Arc<OwnedFd>, String)>,
     looked_up: HashMap<u32, bool>,
 }
 
 impl Shims {
-    /// Remembers the shim of host process `pid`, named by `pidfd`.
-    pub fn register(&self, pid: u32, pidfd: Arc<OwnedFd>) {
-        self.0.lock().expect("shims lock").hello.insert(pid, pidfd);
+    /// Remembers the shim of host process `pid`, named by `pidfd`, which got the ledger of
+    /// cgroup `ledger`.
+    pub fn register(&self, pid: u32, pidfd: Arc<OwnedFd>, ledger: &str) {
+        self.0
+            .lock()
+            .expect("shims lock")
+            .hello
+            .insert(pid, (pidfd, ledger.to_string()));
     }
 
     /// Live processes whose shim said Hello (for the metrics).
     pub fn connected(&self) -> usize {
         let s = self.0.lock().expect("shims lock");
-        s.hello.values().filter(|fd| alive(fd)).count()
+        s.hello.values().filter(|(fd, _)| alive(fd)).count()
     }
 
-    /// Forgets processes that are gone.
-    pub fn prune(&self) {
+    /// Forgets processes that are gone; returns the ledgers (their cgroups) of the shims
+    /// that were among them, whose slots may now be taken back.
+    pub fn prune(&self) -> Vec<String> {
         let exists = |p: &u32| Path::new(&format!("/proc/{p}")).exists();
         let mut s = self.0.lock().expect("shims lock");
-        s.hello.retain(|_, fd| alive(fd));
+        let mut died = Vec::new();
+        s.hello.retain(|_, (fd, ledger)| {
+            let live = alive(fd);
+            if !live {
+                died.push(std::mem::take(ledger));
+            }
+            live
+        });
         s.looked_up.retain(|p, _| exists(p));
+        died
     }
 
     pub fn uses_shim(&self, pid: u32) -> bool {
         let mut s = self.0.lock().expect("shims lock");
-        if s.hello.get(&pid).is_some_and(|fd| alive(fd)) {
+        if s.hello.get(&pid).is_some_and(|(fd, _)| alive(fd)) {
             return true;
         }
         *s.looked_up
@@ -78,7 +93,7 @@ mod tests {
             .unwrap();
         let pid = child.id();
         let shims = Shims::default();
-        shims.register(pid, Arc::new(pidfd_open(pid).unwrap()));
+        shims.register(pid, Arc::new(pidfd_open(pid).unwrap()), "/t");
         assert!(shims.uses_shim(pid));
         assert_eq!(shims.connected(), 1);
         child.kill().unwrap();
@@ -92,9 +107,13 @@ mod tests {
                 .unwrap()
                 .hello
                 .get(&pid)
-                .is_some_and(|f| alive(f))
+                .is_some_and(|(f, _)| alive(f))
         );
-        shims.prune();
+        assert_eq!(
+            shims.prune(),
+            ["/t"],
+            "its ledger's slots may be taken back"
+        );
         assert!(shims.0.lock().unwrap().hello.is_empty());
     }
 }

@@ -12,10 +12,12 @@
 //! Where the agent holds one of these locks while it takes another, it does so in this order
 //! only (as the code stands; a lock never waits on one listed before it):
 //!
+//! 0. `budget_pass` ([`State::budget_pass`]): held for a whole budget pass, which takes the
+//!    others below in turn; nothing else waits on it;
 //! 1. `names` ([`State::names`], [`State::paths_of`], [`State::forget_cgroup`]);
 //! 2. `limits` ([`State::limits`], [`State::limits_view`], [`State::memory_limits`]);
 //! 3. the parts taken last, each with none of the others: the ledgers' map, or one ledger's
-//!    team; `shims`; the compute figures; the backstop's tallies; `libraries`.
+//!    team or effective limit; the reclaim queue; `shims`; the compute figures; the backstop's tallies; `libraries`.
 //!
 //! (No pass holds `names` and `limits` together now: the status report copies what it reads
 //! of each, one after the other. The budget pass holds `names` while it asks `shims`; a limit
@@ -65,6 +67,7 @@ use super::ledgers::Ledgers;
 use super::limits::{LimitStore, LimitView, OnExceed};
 use super::park::ParkFigures;
 use super::peer::Access;
+use super::reclaim::Reclaim;
 use super::shims::Shims;
 use crate::api::Limit;
 
@@ -77,6 +80,10 @@ pub struct State {
     gpus: Gpus,
     access: Access,
     ledgers: Ledgers,
+    /// Dead processes' slots to take back ([`super::reclaim`]).
+    reclaim: Reclaim,
+    /// Held for a whole budget pass: passes run one at a time ([`super::budget::refresh`]).
+    budget_pass: Mutex<()>,
     backstop: Backstop,
     /// Shims that said Hello, by ledger ([`super::budget`]).
     shims: Shims,
@@ -105,6 +112,8 @@ pub struct Parts {
     pub libraries: Arc<Mutex<Vec<String>>>,
     pub on_exceed: OnExceed,
     pub unseen_tolerance: u64,
+    /// `--max-ledgers-per-tenant`.
+    pub max_ledgers_per_tenant: usize,
 }
 
 impl State {
@@ -119,6 +128,7 @@ impl State {
             libraries,
             on_exceed,
             unseen_tolerance,
+            max_ledgers_per_tenant,
         } = parts;
         State {
             names: Mutex::new(CgroupNames::new(cgroup2_mount.clone())),
@@ -128,7 +138,9 @@ impl State {
             bound: Mutex::new(bound),
             gpus,
             access,
-            ledgers: Ledgers::default(),
+            ledgers: Ledgers::new(max_ledgers_per_tenant),
+            reclaim: Reclaim::default(),
+            budget_pass: Mutex::new(()),
             backstop: Backstop::default(),
             shims: Shims::default(),
             on_exceed,
@@ -187,6 +199,16 @@ impl State {
 
     pub fn ledgers(&self) -> &Ledgers {
         &self.ledgers
+    }
+
+    /// Dead processes' slots to take back.
+    pub fn reclaim(&self) -> &Reclaim {
+        &self.reclaim
+    }
+
+    /// The budget pass's turn (passes run one at a time).
+    pub fn budget_pass(&self) -> MutexGuard<'_, ()> {
+        self.budget_pass.lock().expect("budget pass lock")
     }
 
     pub fn backstop(&self) -> &Backstop {
