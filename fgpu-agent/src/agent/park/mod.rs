@@ -104,6 +104,9 @@ impl Broker<'_> {
         self.askers.retain(|cg, _| alive.contains(cg.as_str()));
         // The kernel's counts, read once per look and only if needed.
         let mut kernel: Option<KernelCounts> = None;
+        // NVML's free memory per GPU, read once per look (a container can open a request in
+        // every slot it can write).
+        let mut free: HashMap<[u8; 16], Option<u64>> = HashMap::new();
         for p in std::mem::take(&mut self.pending) {
             if let Some(p) = self.follow(p, &mut kernel, now_ms) {
                 self.pending.push(p);
@@ -138,7 +141,7 @@ impl Broker<'_> {
                     slot: s,
                     tag,
                 };
-                if self.serve(&all, &ask, kernel, now_ms) {
+                if self.serve(&all, &ask, kernel, &mut free, now_ms) {
                     break; // a park is coming for this asker, or its turn is not yet
                 }
             }
@@ -152,6 +155,7 @@ impl Broker<'_> {
         all: &[Arc<CgroupLedger>],
         ask: &Ask<'_>,
         kernel: &KernelCounts,
+        free: &mut HashMap<[u8; 16], Option<u64>>,
         now_ms: u64,
     ) -> bool {
         let asker = ask.asker;
@@ -213,7 +217,9 @@ impl Broker<'_> {
         // A request is the container's word: nobody is parked for it while the GPU has the
         // room it could use (a container cannot make its idle neighbours park by asking for
         // room it does not need).
-        let free = self.gpus.free_memory(&uuid);
+        let free = *free
+            .entry(uuid)
+            .or_insert_with(|| self.gpus.free_memory(&uuid));
         if free.is_some_and(|f| f >= bytes) {
             return none(
                 state,
