@@ -365,6 +365,8 @@ fn privileged_a_petabyte_room_request_parks_nobody_while_the_gpu_has_room() {
     );
     let h = h.finish();
     assert!(h.line("forge-room done").contains("writes="), "{h}");
+    // A park started for it would be over by now (one of 256 MiB takes 1-2 s here).
+    std::thread::sleep(std::time::Duration::from_secs(3));
     let r = w.status_row(&a_cg);
     assert_eq!(r["parks"], 0, "parked for a petabyte request: {r}");
     assert_eq!(r["parked_bytes"], 0, "{r}");
