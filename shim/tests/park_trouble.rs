@@ -331,3 +331,188 @@ fn privileged_a_parked_tenant_killed_while_parked_leaves_nothing_behind() {
     let b = b.finish();
     assert_eq!(allocs(&b.lines)[2], Ok(128 << 20), "{b}");
 }
+
+/// A tenant asks, in every slot it can write, for a petabyte of room (1 PiB: more than any
+/// GPU holds) while the GPU has plenty free: what it could use is at most its own limit's
+/// headroom (512 MiB here), which the GPU has, so its idle parkable neighbour stays
+/// resident. An honest tenant that needs more than is free still gets that neighbour parked.
+#[test]
+fn privileged_a_petabyte_room_request_parks_nobody_while_the_gpu_has_room() {
+    if !privileged() {
+        return;
+    }
+    let w = AgentWorld::new("parkpib");
+    let agent = w.agent_seeing("2GiB");
+    let (a_cg, b_cg) = w.parking_pair("parkpib-a", "parkpib-b");
+    w.set_limit(&b_cg, "2GiB");
+    let h_cg = Cgroup::new("parkpib-h");
+    w.set_limit(&h_cg, "512MiB");
+    let mut a = w.load(
+        &a_cg,
+        &SIM,
+        &[
+            "alloc", "256MiB", "fill", "0", "5", "launch", "1", "empty", "hold", "check", "0", "5",
+        ],
+    );
+    a.expect("ready");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // 2 GiB - 2 × 300 MiB of contexts - a's 256 MiB - h's 64 MiB: 1128 MiB free.
+    let h = w.client(
+        &h_cg,
+        &SIM,
+        "forge-room",
+        &["3000", &(1u64 << 30).to_string()],
+    );
+    let h = h.finish();
+    assert!(h.line("forge-room done").contains("writes="), "{h}");
+    // A park started for it would be over by now (one of 256 MiB takes 1-2 s here).
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let r = w.status_row(&a_cg);
+    assert_eq!(r["parks"], 0, "parked for a petabyte request: {r}");
+    assert_eq!(r["parked_bytes"], 0, "{r}");
+    let log = agent.log_text();
+    assert!(
+        log.contains("clamped"),
+        "the request was not said to be clamped:\n{log}"
+    );
+    // b: 300 MiB of context + 512 + 512 leave 168 MiB; its 256 MiB need a parked.
+    let mut b = w.load(
+        &b_cg,
+        &SIM,
+        &[
+            "alloc", "512MiB", "alloc", "512MiB", "alloc", "256MiB", "hold",
+        ],
+    );
+    b.expect("ready");
+    assert_eq!(
+        allocs(&b.lines),
+        vec![Ok(512 << 20), Ok(512 << 20), Ok(256 << 20)],
+        "b: {:?}\n{}",
+        b.lines,
+        agent.log_text()
+    );
+    assert_eq!(w.status_row(&a_cg)["parked_bytes"], 256u64 << 20);
+    let b = b.finish();
+    assert_eq!(b.code, Some(0), "{b}");
+    a.release();
+    let a = a.finish();
+    assert_eq!(a.line("check 0"), "check 0 ok", "{a}");
+}
+
+/// Sends `sig` to every process of `cg`.
+fn signal_all(cg: &Cgroup, sig: i32) {
+    for pid in cg.procs() {
+        // SAFETY: a plain signal to a test process (it may have ended: then ESRCH).
+        unsafe { libc::kill(pid as i32, sig) };
+    }
+}
+
+/// How long an `alloc-until` client waited for its memory: reads its result line
+/// (`alloc-until ok ms=N ...`, or `alloc-until fail ...`: None), which comes within the
+/// client's own bound (75 s here).
+fn waited_ms(p: &mut Proc) -> Option<u64> {
+    p.next_line("alloc-until ")?
+        .strip_prefix("alloc-until ok ms=")?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A parkable tenant that never answers a park (stopped: it holds its slot and its memory
+/// and looks the least recently used) does not hold up parking for the node: the broker
+/// gives up on it within a few seconds, parks another idle tenant for the asker it was
+/// chosen for, and meanwhile serves a second asker by parking a third. Both askers retry
+/// their allocation until they have it; how long each waited is what this test is about.
+#[test]
+fn privileged_a_tenant_that_never_answers_a_park_does_not_hold_up_the_node() {
+    if !privileged() {
+        return;
+    }
+    const SIM4: [(&str, &str); 2] = [("FGPU_SIM_MEMORY", "4GiB"), ("FGPU_LOG", "info")];
+    let w = AgentWorld::new("parkmute");
+    let agent = w.agent_seeing("4GiB");
+    let parkable = |name: &str| {
+        let cg = Cgroup::new(name);
+        w.set_limits(&cg, &["--memory", "1500MiB", "--park-after", "1s"]);
+        cg
+    };
+    let (s_cg, a_cg, c_cg) = (
+        parkable("parkmute-s"),
+        parkable("parkmute-a"),
+        parkable("parkmute-c"),
+    );
+    let (b1_cg, b2_cg) = (Cgroup::new("parkmute-b1"), Cgroup::new("parkmute-b2"));
+    w.set_limit(&b1_cg, "2GiB");
+    w.set_limit(&b2_cg, "2GiB");
+    let tenant = |cg: &Cgroup, seed: &str| {
+        let mut p = w.load(
+            cg,
+            &SIM4,
+            &[
+                "alloc", "512MiB", "fill", "0", seed, "launch", "1", "empty", "hold", "check", "0",
+                seed,
+            ],
+        );
+        p.expect("ready");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        p
+    };
+    // s first: the least recently used. Stopped, it never answers a park.
+    let s = tenant(&s_cg, "3");
+    signal_all(&s_cg, libc::SIGSTOP);
+    let mut a = tenant(&a_cg, "4");
+    let mut c = tenant(&c_cg, "6");
+    // 4 GiB - 5 × 300 MiB of contexts - 3 × 512 MiB - b1's 1 GiB: 36 MiB free.
+    let asker = |cg: &Cgroup, first: &str| {
+        let mut p = w.client(cg, &SIM4, "alloc-until", &["75000", first, "512", "30000"]);
+        p.expect("alloc-until ready");
+        p
+    };
+    let mut b2 = asker(&b2_cg, "0");
+    let mut b1 = asker(&b1_cg, "1024");
+    assert!(
+        b1.lines.iter().any(|l| l == "alloc-until first ok"),
+        "{:?}",
+        b1.lines
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // b1 asks first (the broker picks s), b2 half a second later.
+    b1.release();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    b2.release();
+    // Each holds its memory once it has it (30 s), so that the other's room is made by a park.
+    let w2 = waited_ms(&mut b2);
+    let w1 = waited_ms(&mut b1);
+    eprintln!("waited for room: first asker {w1:?} ms, second asker {w2:?} ms");
+    assert!(
+        w2.is_some_and(|ms| ms < 10_000),
+        "the second asker waited {w2:?} ms: {:?}\n{}",
+        b2.lines,
+        agent.log_text()
+    );
+    assert!(
+        w1.is_some_and(|ms| ms < 15_000),
+        "the first asker waited {w1:?} ms: {:?}\n{}",
+        b1.lines,
+        agent.log_text()
+    );
+    let log = agent.log_text();
+    for cg in [&a_cg, &c_cg] {
+        let r = w.status_row(cg);
+        assert_eq!(r["parked_bytes"], 512u64 << 20, "{r}\n{log}");
+    }
+    assert_eq!(w.status_row(&s_cg)["parks"], 0, "{log}");
+    signal_all(&s_cg, libc::SIGCONT);
+    drop((s, b1, b2));
+    // Their data came back with them.
+    for p in [&mut a, &mut c] {
+        p.release();
+        assert_eq!(
+            p.next_line("check 0").as_deref(),
+            Some("check 0 ok"),
+            "{:?}",
+            p.lines
+        );
+    }
+}

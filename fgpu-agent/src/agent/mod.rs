@@ -301,7 +301,10 @@ pub fn run(args: AgentArgs) -> Result<()> {
             .unwrap_or_else(park::default_host_budget);
         std::thread::Builder::new()
             .name("fgpu-park".into())
-            .spawn(move || park::run(state.ledgers(), state.park(), state.gpus(), budget))
+            .spawn(move || {
+                let tree = || state.tree_by_gpu();
+                park::run(state.ledgers(), state.park(), state.gpus(), budget, &tree)
+            })
             .context("starting the parking broker")?;
     }
 

@@ -5,7 +5,7 @@
 //!
 //! Modes: `race THREADS CHUNK_MIB CHURN`, `fork`, `fork-fresh`, `nvml2`, `rtld`, `probe`,
 //! `watch-total`, `tamper`, `forged-hello KIND`, `forge-compute MS`, `forge-room MS MIB`,
-//! `forge-parked MS`.
+//! `forge-parked MS`, `alloc-until MS FIRST_MIB MIB HOLD_MS`.
 
 #![allow(clippy::missing_safety_doc)]
 
@@ -735,7 +735,52 @@ pub fn main() -> bool {
         "forge-compute" => forge_compute(&args),
         "forge-room" => forge_room(&args),
         "forge-parked" => forge_parked(&args),
+        "alloc-until" => alloc_until(&args),
         other => panic!("unknown client mode {other}"),
     }
     true
+}
+
+/// `alloc-until MS FIRST_MIB MIB HOLD_MS`: an application that needs its memory and retries. Takes
+/// a context and FIRST_MIB MiB (`alloc-until first ok|fail rc=R`), prints `alloc-until
+/// ready`, waits for its stdin to close, then tries to allocate MIB MiB (through the shim,
+/// which asks the agent for room when the device is full) every 100 ms until it has it or
+/// MS ms have passed: `alloc-until ok ms=N tries=K`, or `alloc-until fail ms=N rc=R
+/// tries=K`, N counted from the first try; then holds what it has for HOLD_MS ms.
+fn alloc_until(args: &[u64]) {
+    let ms = args.first().copied().unwrap_or(10_000);
+    let first = args.get(1).copied().unwrap_or(0) << 20;
+    let bytes = args.get(2).copied().unwrap_or(0) << 20;
+    let hold = std::time::Duration::from_millis(args.get(3).copied().unwrap_or(0));
+    let cuda = Cuda::open().expect("libcuda.so.1");
+    let ctx = cuda.context().expect("context");
+    cuda.set_current(ctx);
+    if first > 0 {
+        match cuda.alloc(first) {
+            Ok(_) => out("alloc-until first ok".into()),
+            Err(rc) => out(format!("alloc-until first fail rc={rc}")),
+        }
+    }
+    out("alloc-until ready".into());
+    let mut sink = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+    let start = std::time::Instant::now();
+    let mut tries = 0u64;
+    loop {
+        tries += 1;
+        let r = cuda.alloc(bytes);
+        let took = start.elapsed().as_millis();
+        match r {
+            Ok(_) => {
+                out(format!("alloc-until ok ms={took} tries={tries}"));
+                break;
+            }
+            Err(rc) if took >= u128::from(ms) => {
+                out(format!("alloc-until fail ms={took} rc={rc} tries={tries}"));
+                break;
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
+    std::thread::sleep(hold);
 }
