@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# H200 check of the kernel side against a hostile bypasser (issue 30, attacks 1, 4 and 5) on
-# the real libcuda. From the bundle's parent folder:   OUT=/some/dir bash bundle/tests/gpu/trust_kernel.sh
+# H200 check of the kernel side against a hostile bypasser on the real libcuda: calls in
+# flight, rewritten output slots, cgroup floods, and tenants without a limit. From the bundle's parent folder:   OUT=/some/dir bash bundle/tests/gpu/trust_kernel.sh
 # The attacker is fgpu-agent/tests/hostile/hostile.c, built on the build machine into
 # bundle/tests/gpu/hostile (HOSTILE=... overrides; cc builds it here if it is missing).
 # "Containers": cgroup v2 + own PID namespace with its own /proc (no hostPID), no shim.
@@ -13,6 +13,11 @@
 #   cg-bound    1100 child cgroups, 1 MiB allocated and freed in each: killed at the 1025th
 #   cg-churn    5000 cgroups come and go (one in ten removed while still holding): all pruned,
 #               nothing left charged, admin status < 100 ms throughout
+#   spread      a tenant with NO limit holds 16 x 1024 allocations of 4 KiB in 16 child
+#               cgroups, then allocates in a 17th: killed there (its own bound of 16384 live
+#               allocations; its children count against it, not each against a bound of its own)
+#   unl-bound   a tenant with NO limit makes 1100 child cgroups: killed at the 1025th (its own
+#               bound); a neighbour with no limit then allocates 256 MiB in a new cgroup and lives
 # Every worker runs under `timeout`; details under $OUT; a short table last.
 set -u
 . "$(dirname "$0")/env.sh" # HERE, B, FGPU, SHIM, PY, LIBCUDA, OUT
@@ -27,10 +32,11 @@ declare -a ROWS
 row() { ROWS+=("$*"); echo "$*"; }
 agent_pid=""
 NAMES=(fgpu-tk-block fgpu-tk-ptr fgpu-tk-pitch fgpu-tk-bound fgpu-tk-churn)
+UNLIMITED=(fgpu-tk-spread fgpu-tk-unl fgpu-tk-nbr)
 cleanup() {
   [ -n "$agent_pid" ] && kill "$agent_pid" 2>/dev/null && wait "$agent_pid" 2>/dev/null
   rm -rf /sys/fs/bpf/fgpu-tk
-  for n in "${NAMES[@]}"; do
+  for n in "${NAMES[@]}" "${UNLIMITED[@]}"; do
     [ -d "$CG/$n" ] || continue
     find "$CG/$n" -mindepth 1 -depth -type d -exec sh -c 'echo 1 > "$1/cgroup.kill"' _ {} \; 2>/dev/null
     echo 1 > "$CG/$n/cgroup.kill"; sleep 0.3
@@ -52,6 +58,7 @@ for _ in $(seq 100); do [ -S "$ADMIN" ] && break; sleep 0.1; done
 fgpu() { "$FGPU" "$@" --socket "$ADMIN"; }
 for n in "${NAMES[@]}"; do mkdir -p "$CG/$n"; fgpu limit set "/$n" --memory 1GiB > /dev/null; done
 fgpu limit set /fgpu-tk-block --memory 4GiB > /dev/null
+for n in "${UNLIMITED[@]}"; do mkdir -p "$CG/$n"; done
 
 hostile() { # CGROUP LOG ARGS...: the attacker in CGROUP, own PID namespace; prints exit=
   local n=$1 log=$2; shift 2
@@ -96,6 +103,16 @@ pruned=$(counter cgroups_pruned)
 last=$(tail -2 "$OUT/cg_churn.log" | head -1)
 used=$(fgpu status --json | python3 -c "import json,sys; print(sum(e.get('memory_used_bytes',0) for e in json.load(sys.stdin) if e['cgroup']=='/fgpu-tk-churn'))")
 row "cg-churn   | churned 5000, pruned >= 5000, 0 B left, status < 100 ms | $last, pruned=$pruned, used=$used B, worst status ${worst} ms | $( [ "$last" = "churned 5000" ] && [ "$pruned" -ge 5000 ] && [ "$used" = 0 ] && [ "$worst" -lt 100 ] && echo PASS || echo FAIL)"
+
+# Tenants without a limit: their child cgroups count against them, and no pool is shared.
+echo go | hostile fgpu-tk-spread "$OUT/spread.log" spread "$CG/fgpu-tk-spread" 16 1024 4096
+n=$(oks "$OUT/spread.log" alloc); rc=$(rc_of "$OUT/spread.log")
+row "spread     | no limit: killed at its first allocation in a 17th cgroup, 16384 held | exit=$rc held=$n | $(verdict "$rc/$n" 137/16384)"
+hostile fgpu-tk-unl "$OUT/unl_bound.log" churn "$CG/fgpu-tk-unl" 1100 1048576 keep
+n=$(oks "$OUT/unl_bound.log" cgroup); rc=$(rc_of "$OUT/unl_bound.log")
+hostile fgpu-tk-nbr "$OUT/neighbour.log" churn "$CG/fgpu-tk-nbr" 1 268435456
+nrc=$(rc_of "$OUT/neighbour.log")
+row "unl-bound  | no limit: killed at the 1025th cgroup; a neighbour's 256 MiB in a new cgroup lives | exit=$rc cgroups=$n neighbour exit=$nrc | $(verdict "$rc/$n/$nrc" 137/1024/0)"
 fgpu status --detail > "$OUT/status.txt" 2>&1
 echo
 echo "scenario   | expected | measured | verdict"
