@@ -67,13 +67,18 @@ pub fn ledger_of(
     cgroup: &str,
     usage: Option<OwnedFd>,
 ) -> Result<Arc<CgroupLedger>> {
-    let (chosen, limit, team, tenant) = {
+    let (chosen, limit, team, tenant, widest) = {
         let store = state.limits();
         let chosen = ledger_for(&store, cgroup);
         let limit = store.effective(&chosen).0;
         let team = super::compute::team::TeamSpec::of(&store, &chosen);
         let tenant = super::tenant::tenant_of(&store, &chosen);
-        (chosen, limit, team, tenant)
+        // The topmost memory limit over it: every ledger below shares that budget.
+        let widest = ancestors(&chosen)
+            .filter(|p| store.own(p).is_some_and(|l| l.has_memory()))
+            .last()
+            .map(str::to_string);
+        (chosen, limit, team, tenant, widest)
     };
     let dir = state.cgroup_dir(&chosen);
     let known = state.ledgers().get(&chosen).is_some();
@@ -95,6 +100,15 @@ pub fn ledger_of(
         // A budget derived from a limited ancestor's is planned at once; a ledger under no
         // memory limit has none to plan, and gets its kernel figure at the next pass.
         if limit.has_memory() {
+            // Those sharing its budget first give back what processes that just exited
+            // held (bounded: at most a reclaim pass's worth of slots), as a pass would.
+            if let Some(widest) = &widest {
+                let sharing =
+                    state.ledgers().all().into_iter().filter(|l| {
+                        l.cgroup != chosen && super::cgroups::is_under(&l.cgroup, widest)
+                    });
+                state.reclaim().now(sharing);
+            }
             let tree = state.tree_by_gpu();
             refresh(state, &tree_by_key(&tree));
         }

@@ -67,6 +67,19 @@ impl Reclaim {
         }
     }
 
+    /// Goes through the slots of `ledgers` now (with whatever else is queued, at most
+    /// [`SLOTS_PER_PASS`] slots): for a budget about to be planned from theirs, so that the
+    /// share of a process that has just exited is not counted against it until the next pass.
+    pub fn now(&self, ledgers: impl IntoIterator<Item = Arc<CgroupLedger>>) -> u64 {
+        {
+            let mut inner = self.0.lock().expect("reclaim lock");
+            for l in ledgers {
+                inner.enqueue(l);
+            }
+        }
+        self.drain_queue()
+    }
+
     /// One pass over `ledgers` (all of them): queues those where processes exited (their
     /// cgroups named by `paths_of`) and, with `sweep`, the next ones in turn, then goes
     /// through at most [`SLOTS_PER_PASS`] slots of the queue. Returns the bytes given back.
