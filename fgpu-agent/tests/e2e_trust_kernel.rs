@@ -1,8 +1,7 @@
-//! The kernel side against a hostile tenant (issue 30, attacks 1, 4 and 5): a bypasser
-//! without the shim, root in its own cgroup and PID namespace, attacking what the probes
-//! store (call arguments), what they read back (the output pointer, the pitch) and the
-//! cgroup-keyed maps (by making cgroups), also as a tenant with no limit whose every child
-//! cgroup was once a tenant of its own. The attacker is `tests/hostile/hostile.c`, built
+//! The kernel side against a hostile tenant: a bypasser without the shim, root in its own
+//! cgroup and PID namespace, attacking what the probes store (call arguments), what they
+//! read back (the output pointer, the pitch) and the cgroup-keyed maps (by making cgroups),
+//! also as a tenant with no limit whose every child cgroup was once a tenant of its own. The attacker is `tests/hostile/hostile.c`, built
 //! here with the system C compiler, on the simulated driver; each test failed on the code
 //! before the behaviour it tests.
 

@@ -1,5 +1,5 @@
-//! End-to-end: the trust boundary on the containers' socket, round 2 (issue 30, items 2, 3
-//! and 6), each attack as it was observed on 7bf6120:
+//! End-to-end: the trust boundary on the containers' socket and what the operator is shown of
+//! tenants, each attack as it was observed before its fix:
 //! - a connection kept by a child after the process that opened it exited, whose PID then
 //!   names a process of another cgroup, must not get that cgroup's ledger;
 //! - the agent must not hand out its own descriptors (other tenants' usage pages) as a new
