@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use clap::{Args, Subcommand};
+use fgpu_common::inert::escape;
 use fgpu_common::proto::Kind;
 use fgpu_common::quantity::{Size, parse_percent, parse_size};
 
@@ -235,7 +236,7 @@ pub fn run(args: &LimitArgs) -> Result<()> {
             let entry: LimitEntry = parse(&ask(Kind::LimitSet, serde_json::to_vec(&req)?)?)?;
             println!(
                 "removed the per-GPU limits of {} on {}",
-                entry.cgroup,
+                escape(&entry.cgroup),
                 gpus.join(", ")
             );
             print!("{}", table(&[entry]));
@@ -245,7 +246,7 @@ pub fn run(args: &LimitArgs) -> Result<()> {
                 target: crate::k8s::target::resolve(target)?,
             };
             let entry: LimitEntry = parse(&ask(Kind::LimitRemove, serde_json::to_vec(&req)?)?)?;
-            println!("removed the limits of {}", entry.cgroup);
+            println!("removed the limits of {}", escape(&entry.cgroup));
             if entry.effective != Limit::default() {
                 print!("{}", table(&[entry]));
             }
@@ -260,9 +261,11 @@ fn parse<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T> {
 
 /// Columns: cgroup, memory, compute, cap; inherited values are marked with where they come from.
 pub fn table(entries: &[LimitEntry]) -> String {
-    let width = entries
+    // Paths may carry names a tenant chose: shown escaped, the column measured after.
+    let names: Vec<_> = entries.iter().map(|e| escape(&e.cgroup)).collect();
+    let width = names
         .iter()
-        .map(|e| e.cgroup.len())
+        .map(|n| n.chars().count())
         .chain([6])
         .max()
         .unwrap_or(6);
@@ -272,7 +275,7 @@ pub fn table(entries: &[LimitEntry]) -> String {
         "{:<width$}  {:>10}  {:>8}  {:>8}  NOTE",
         "CGROUP", "MEMORY", "COMPUTE", "CAP"
     );
-    for e in entries {
+    for (e, name) in entries.iter().zip(&names) {
         let memory = e
             .effective
             .memory_bytes
@@ -286,7 +289,7 @@ pub fn table(entries: &[LimitEntry]) -> String {
             .compute_cap_pct
             .map_or("-".into(), |p| format!("{p}%"));
         let mut note = match &e.memory_limit_from {
-            Some(from) if *from != e.cgroup => format!("memory inherited from {from}"),
+            Some(from) if *from != e.cgroup => format!("memory inherited from {}", escape(from)),
             _ => String::new(),
         };
         if let Some(p) = e.effective.compute_priority {
@@ -300,7 +303,7 @@ pub fn table(entries: &[LimitEntry]) -> String {
         let _ = writeln!(
             out,
             "{:<width$}  {memory:>10}  {compute:>8}  {cap:>8}  {note}",
-            e.cgroup
+            name
         );
         // Per-GPU compute settings, one line each under the cgroup's row.
         let gpus: std::collections::BTreeSet<&String> = e
@@ -343,6 +346,33 @@ pub fn table(entries: &[LimitEntry]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_a_tenant_named_reach_the_terminal_escaped() {
+        let e = LimitEntry {
+            cgroup: "/t/a\x1b[2J\r\u{202e}b".into(),
+            own: Limit::default(),
+            effective: Limit {
+                memory_bytes: Some(1 << 30),
+                ..Limit::default()
+            },
+            memory_limit_from: Some("/t\x1b]52;c;YQ==\x07".into()),
+        };
+        let t = table(&[e]);
+        assert!(
+            t.chars().all(|c| c == '\n' || (' '..='~').contains(&c)),
+            "raw control or format characters in {t:?}"
+        );
+        assert!(t.contains("/t/a\\x1b[2J\\x0d\\u{202e}b"), "{t}");
+        assert!(t.contains("inherited from /t\\x1b]52;c;YQ==\\x07"), "{t}");
+        // The columns line up after the escapes.
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(
+            lines[0].find("MEMORY").map(|i| i + 6),
+            lines[1].find("1GiB").map(|i| i + 4),
+            "{t}"
+        );
+    }
 
     #[test]
     fn table_marks_inherited_limits() {
