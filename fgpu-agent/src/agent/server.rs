@@ -344,6 +344,10 @@ async fn hello(
     fds: Vec<OwnedFd>,
 ) -> Result<bool> {
     let peer = caller.peer;
+    let tenant_of_caller = {
+        let (state, caller) = (Arc::clone(state), Arc::clone(caller));
+        move || super::tenant::key(&state, &caller)
+    };
     let (state, caller) = (Arc::clone(state), Arc::clone(caller));
     let ledger = tokio::task::spawn_blocking(move || -> Result<_> {
         let hello = shim::HelloPayload::decode(&frame.payload).context("malformed Hello")?;
@@ -382,10 +386,57 @@ async fn hello(
             Ok(true)
         }
         Err(err) => {
-            tracing::warn!(pid = peer.pid, "refused a shim: {err:#}");
+            // A tenant can make refusals as fast as it can connect: its log lines are rationed.
+            let tenant = tenant_of_caller();
+            if let Some(unlogged) = REFUSALS.admit(&tenant, std::time::Instant::now()) {
+                tracing::warn!(pid = peer.pid, %tenant, unlogged, "refused a shim: {err:#}");
+            }
             reply(stream, Frame::new(Kind::Error, format!("{err:#}"))).await?;
             Ok(false)
         }
+    }
+}
+
+/// The shim refusals logged: one a tenant per [`RefusalLog::EVERY`].
+static REFUSALS: RefusalLog = RefusalLog::new();
+
+/// Rations the log lines of refused Hellos per tenant: the first, then one per
+/// [`RefusalLog::EVERY`] with the number left unlogged since; at most
+/// [`RefusalLog::TENANTS`] tenants remembered (past that, refusals of tenants not seen in the
+/// last period go unlogged until one is forgotten).
+struct RefusalLog(
+    std::sync::Mutex<Option<std::collections::HashMap<String, (std::time::Instant, u64)>>>,
+);
+
+impl RefusalLog {
+    const EVERY: Duration = Duration::from_secs(10);
+    const TENANTS: usize = 1024;
+
+    const fn new() -> Self {
+        Self(std::sync::Mutex::new(None))
+    }
+
+    /// Whether to log a refusal of `tenant` at `now`: `Some(n)`, n refusals left unlogged
+    /// since its last line; `None`: count it and say nothing.
+    fn admit(&self, tenant: &str, now: std::time::Instant) -> Option<u64> {
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = guard.get_or_insert_with(Default::default);
+        if let Some((last, unlogged)) = seen.get_mut(tenant) {
+            if now.duration_since(*last) < Self::EVERY {
+                *unlogged += 1;
+                return None;
+            }
+            *last = now;
+            return Some(std::mem::take(unlogged));
+        }
+        if seen.len() >= Self::TENANTS {
+            seen.retain(|_, (last, _)| now.duration_since(*last) < Self::EVERY);
+            if seen.len() >= Self::TENANTS {
+                return None;
+            }
+        }
+        seen.insert(tenant.to_string(), (now, 0));
+        Some(0)
     }
 }
 
@@ -440,6 +491,27 @@ async fn reply(stream: &UnixStream, frame: Frame) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn refusals_are_logged_once_per_period_per_tenant_with_the_count_left_out() {
+        let log = super::RefusalLog::new();
+        let t0 = std::time::Instant::now();
+        let every = super::RefusalLog::EVERY;
+        assert_eq!(log.admit("/a", t0), Some(0));
+        for _ in 0..500 {
+            assert_eq!(log.admit("/a", t0), None);
+        }
+        // Another tenant is not held back by /a's flood.
+        assert_eq!(log.admit("/b", t0), Some(0));
+        assert_eq!(log.admit("/a", t0 + every), Some(500));
+        assert_eq!(log.admit("/a", t0 + every), None);
+        // Remembering is bounded: past TENANTS recent ones, a new tenant goes unlogged.
+        for i in 0..super::RefusalLog::TENANTS {
+            log.admit(&format!("/t{i}"), t0 + every);
+        }
+        assert_eq!(log.admit("/new", t0 + every), None);
+        assert_eq!(log.admit("/new", t0 + every * 3), Some(0));
+    }
+
     use std::os::unix::fs::MetadataExt;
 
     use super::*;
