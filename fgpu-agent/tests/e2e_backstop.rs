@@ -383,3 +383,35 @@ fn privileged_reconcile_reports_an_overrun_without_a_kernel_record_and_kills_its
     assert_eq!(killed.len(), 1, "{}", agent.log_text());
     assert!(killed[0].contains("(768MiB)"), "{killed:?}");
 }
+
+/// A process of a pod SIGKILLed while it holds a share of the pod's limit (its slot's
+/// reservation and the memory): a child with a limit of its own (a ledger of its own, whose
+/// budget is derived from the pod's) whose first process starts right after gets its whole
+/// share, not a budget still counting the dead process's reservation.
+#[test]
+fn privileged_a_holder_killed_mid_share_leaves_the_whole_share_to_a_new_sibling() {
+    if !privileged() {
+        return;
+    }
+    let agent = Agent::start();
+    let state = SimState::new();
+    let pod = Cgroup::new(&unique("fgpu-e2e-killed-share"));
+    ok(&agent.cli(&["limit", "set", &pod.path, "--memory", "4GiB"]));
+    let sub = |n: &str| Cgroup::new(&format!("{}/{n}", pod.path.trim_start_matches('/')));
+    let (a, b) = (sub("a"), sub("b"));
+    ok(&agent.cli(&["limit", "set", &b.path, "--memory", "3584MiB"]));
+    let mut args = allocs(12, "256MiB");
+    args.push("hold");
+    let mut one = Load::spawn_with_shim(&a, &state.0, &agent, &args);
+    one.expect_line("ready");
+    assert_eq!(held(&one.lines), 12, "{:?}", one.lines);
+    one.kill();
+    // Dead for the kernel (its memory released): its slot is the ledger's only trace of it.
+    agent.wait_for(&pod, "the pod's memory released", Duration::from_secs(5), |row| {
+        row.is_none_or(|r| r["memory_used_bytes"] == 0)
+    });
+    let mut two = Load::spawn_with_shim(&b, &state.0, &agent, &args);
+    two.expect_line("ready");
+    assert_eq!(held(&two.lines), 12, "{:?}", two.lines);
+    two.finish();
+}
