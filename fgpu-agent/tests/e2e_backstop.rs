@@ -407,9 +407,12 @@ fn privileged_a_holder_killed_mid_share_leaves_the_whole_share_to_a_new_sibling(
     assert_eq!(held(&one.lines), 12, "{:?}", one.lines);
     one.kill();
     // Dead for the kernel (its memory released): its slot is the ledger's only trace of it.
-    agent.wait_for(&pod, "the pod's memory released", Duration::from_secs(5), |row| {
-        row.is_none_or(|r| r["memory_used_bytes"] == 0)
-    });
+    agent.wait_for(
+        &pod,
+        "the pod's memory released",
+        Duration::from_secs(5),
+        |row| row.is_none_or(|r| r["memory_used_bytes"] == 0),
+    );
     let mut two = Load::spawn_with_shim(&b, &state.0, &agent, &args);
     two.expect_line("ready");
     assert_eq!(held(&two.lines), 12, "{:?}", two.lines);
