@@ -27,6 +27,24 @@ fn run(cmd: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The Kubernetes versions the rendered objects are validated against.
+const VERSIONS: [&str; 4] = ["1.34.0", "1.35.0", "1.36.0", "1.37.0"];
+
+/// `kubernetes-validate --strict -k VERSION FILES...`: whether it passed, and what it said.
+fn validate_strictly(validate: &Path, version: &str, files: &[PathBuf]) -> (bool, String) {
+    let out = Command::new(validate)
+        .args(["--strict", "-k", version])
+        .args(files)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 /// helm and kubernetes-validate, or None (said on stderr) where they cannot be found.
 fn tools() -> Option<(PathBuf, PathBuf)> {
     let found = find("helm").zip(find("kubernetes-validate"));
@@ -164,21 +182,9 @@ fn chart_lints_renders_and_validates_strictly_against_1_34_to_1_37() {
     for e in std::fs::read_dir(root().join("deploy/kubernetes/examples")).unwrap() {
         files.push(e.unwrap().path());
     }
-    for version in ["1.34.0", "1.35.0", "1.36.0", "1.37.0"] {
-        let out = Command::new(&validate)
-            .args(["--strict", "-k", version])
-            .args(&files)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success(),
-            "kubernetes-validate --strict -k {version}:\n{text}"
-        );
+    for version in VERSIONS {
+        let (ok, text) = validate_strictly(&validate, version, &files);
+        assert!(ok, "kubernetes-validate --strict -k {version}:\n{text}");
         assert!(
             text.contains("daemonset/fgpu-fgpu")
                 && text.contains("resourceclaimtemplate/gpu-8gi-30pct"),
@@ -367,19 +373,10 @@ fn chart_keeps_metrics_to_the_node_unless_asked_and_then_to_prometheus_s_namespa
     let dir = std::env::temp_dir().join(format!("fgpu-helm-metrics-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("open.yaml"), &open).unwrap();
-    for version in ["1.34.0", "1.35.0", "1.36.0", "1.37.0"] {
-        let out = Command::new(&validate)
-            .args(["--strict", "-k", version])
-            .arg(dir.join("open.yaml"))
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+    for version in VERSIONS {
+        let (ok, text) = validate_strictly(&validate, version, &[dir.join("open.yaml")]);
         assert!(
-            out.status.success() && text.contains("networkpolicy/fgpu-fgpu-metrics"),
+            ok && text.contains("networkpolicy/fgpu-fgpu-metrics"),
             "kubernetes-validate --strict -k {version}:\n{text}"
         );
     }
