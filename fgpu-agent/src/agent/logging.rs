@@ -19,6 +19,34 @@ use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::FormatFields;
 use tracing_subscriber::fmt::format::Writer;
 
+/// Rations the log lines of one repeated event that a tenant can cause at its own pace: the
+/// first is logged, then at most one per period, carrying how many went unlogged since.
+#[derive(Debug, Default)]
+pub struct Ration {
+    /// Until when (CLOCK_MONOTONIC ms) the event is not logged.
+    quiet_until_ms: u64,
+    /// How many were not logged since the last line.
+    unlogged: u64,
+}
+
+impl Ration {
+    /// Whether the event that happened at `now_ms` is logged: `Some(n)`, with n not logged
+    /// since the last line; `None`: counted, not logged (at most one line per `every_ms`).
+    pub fn admit(&mut self, now_ms: u64, every_ms: u64) -> Option<u64> {
+        if now_ms < self.quiet_until_ms {
+            self.unlogged += 1;
+            return None;
+        }
+        self.quiet_until_ms = now_ms.saturating_add(every_ms);
+        Some(std::mem::take(&mut self.unlogged))
+    }
+
+    /// Whether the event is still in its quiet period at `now_ms`.
+    pub fn quiet(&self, now_ms: u64) -> bool {
+        now_ms < self.quiet_until_ms
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
     /// `time level target: message key=value...`

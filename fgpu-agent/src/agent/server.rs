@@ -26,6 +26,7 @@ use tokio::time::{Instant, timeout, timeout_at};
 
 use super::control;
 use super::doors::{Admitted, Budget, Door, Limits};
+use super::logging::Ration;
 use super::peer::Caller;
 use super::scm;
 use super::state::State;
@@ -388,7 +389,7 @@ async fn hello(
         Err(err) => {
             // A tenant can make refusals as fast as it can connect: its log lines are rationed.
             let tenant = tenant_of_caller();
-            if let Some(unlogged) = REFUSALS.admit(&tenant, std::time::Instant::now()) {
+            if let Some(unlogged) = REFUSALS.admit(&tenant, fgpu_common::clock::mono_ms()) {
                 tracing::warn!(pid = peer.pid, %tenant, unlogged, "refused a shim: {err:#}");
             }
             reply(stream, Frame::new(Kind::Error, format!("{err:#}"))).await?;
@@ -397,46 +398,39 @@ async fn hello(
     }
 }
 
-/// The shim refusals logged: one a tenant per [`RefusalLog::EVERY`].
+/// The shim refusals logged: one a tenant per [`RefusalLog::EVERY_MS`].
 static REFUSALS: RefusalLog = RefusalLog::new();
 
-/// Rations the log lines of refused Hellos per tenant: the first, then one per
-/// [`RefusalLog::EVERY`] with the number left unlogged since; at most
+/// The log lines of refused Hellos, rationed per tenant ([`Ration`]); at most
 /// [`RefusalLog::TENANTS`] tenants remembered (past that, refusals of tenants not seen in the
 /// last period go unlogged until one is forgotten).
-struct RefusalLog(
-    std::sync::Mutex<Option<std::collections::HashMap<String, (std::time::Instant, u64)>>>,
-);
+struct RefusalLog(std::sync::Mutex<Option<std::collections::HashMap<String, Ration>>>);
 
 impl RefusalLog {
-    const EVERY: Duration = Duration::from_secs(10);
+    const EVERY_MS: u64 = 10_000;
     const TENANTS: usize = 1024;
 
     const fn new() -> Self {
         Self(std::sync::Mutex::new(None))
     }
 
-    /// Whether to log a refusal of `tenant` at `now`: `Some(n)`, n refusals left unlogged
+    /// Whether to log a refusal of `tenant` at `now_ms`: `Some(n)`, n refusals left unlogged
     /// since its last line; `None`: count it and say nothing.
-    fn admit(&self, tenant: &str, now: std::time::Instant) -> Option<u64> {
+    fn admit(&self, tenant: &str, now_ms: u64) -> Option<u64> {
         let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let seen = guard.get_or_insert_with(Default::default);
-        if let Some((last, unlogged)) = seen.get_mut(tenant) {
-            if now.duration_since(*last) < Self::EVERY {
-                *unlogged += 1;
-                return None;
-            }
-            *last = now;
-            return Some(std::mem::take(unlogged));
+        if let Some(ration) = seen.get_mut(tenant) {
+            return ration.admit(now_ms, Self::EVERY_MS);
         }
         if seen.len() >= Self::TENANTS {
-            seen.retain(|_, (last, _)| now.duration_since(*last) < Self::EVERY);
+            seen.retain(|_, ration| ration.quiet(now_ms));
             if seen.len() >= Self::TENANTS {
                 return None;
             }
         }
-        seen.insert(tenant.to_string(), (now, 0));
-        Some(0)
+        seen.entry(tenant.to_string())
+            .or_default()
+            .admit(now_ms, Self::EVERY_MS)
     }
 }
 
@@ -494,8 +488,7 @@ mod tests {
     #[test]
     fn refusals_are_logged_once_per_period_per_tenant_with_the_count_left_out() {
         let log = super::RefusalLog::new();
-        let t0 = std::time::Instant::now();
-        let every = super::RefusalLog::EVERY;
+        let (t0, every) = (1_000, super::RefusalLog::EVERY_MS);
         assert_eq!(log.admit("/a", t0), Some(0));
         for _ in 0..500 {
             assert_eq!(log.admit("/a", t0), None);

@@ -11,6 +11,8 @@
 //! - An answer "none" is not spaced (it costs nobody anything), but its log line is: one
 //!   per asker every [`NONE_LOG_EVERY_MS`], with how many went unsaid.
 
+use crate::agent::logging::Ration;
+
 /// The least time between two parks decided for one asker (its ledger), ms.
 pub const PARK_EVERY_MS: u64 = 1_000;
 /// The least time between two "none" log lines for one asker, ms.
@@ -29,20 +31,14 @@ pub struct Asker {
     pub next_park_ms: u64,
     /// Whether its clamped request was said in the log.
     pub said_clamped: bool,
-    /// Until when its "none" answers are not logged, and how many were not.
-    pub none_quiet_until_ms: u64,
-    pub none_unsaid: u64,
+    /// Its "none" answers' log lines.
+    pub none_log: Ration,
 }
 
 impl Asker {
     /// Whether a "none" answer given now is logged; if so, how many before it were not.
     pub fn say_none(&mut self, now_ms: u64) -> Option<u64> {
-        if now_ms < self.none_quiet_until_ms {
-            self.none_unsaid += 1;
-            return None;
-        }
-        self.none_quiet_until_ms = now_ms + NONE_LOG_EVERY_MS;
-        Some(std::mem::take(&mut self.none_unsaid))
+        self.none_log.admit(now_ms, NONE_LOG_EVERY_MS)
     }
 }
 
